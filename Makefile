@@ -1,0 +1,68 @@
+# The README's two commands: `make book` and `make test`. Everything else is a helper of those.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.9
+# Extras installed into .venv (see pyproject.toml); exact versions come from constraints.txt.
+EXTRAS ?= book,test,mcmc,data
+PROFILE ?= quick
+export BOOTENS_PROFILE ?= $(PROFILE)
+# Results computed while building/testing stay inside the checkout (never a stale global cache).
+export BOOTENS_CACHE_DIR ?= $(CURDIR)/.bootens_cache
+export BOOTENS_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data/uci)
+# Bytecode is compiled at install time (this machine sets PYTHONDONTWRITEBYTECODE=1).
+export UV_COMPILE_BYTECODE := 1
+JOBS ?= 2
+
+.PHONY: help venv book test test-unit test-nbval test-browser browser-deps clean lock
+
+help:
+	@echo "make book   - create .venv, install, build the whole book ($(BOOTENS_PROFILE) profile) into _build/html"
+	@echo "make test   - the whole suite: unit + statistical tests, nbval over book/*.ipynb, book build, rendered book in Chromium"
+	@echo "make lock   - regenerate constraints.txt from pyproject.toml"
+	@echo "make clean  - remove _build and the result cache"
+
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+# Reinstall whenever the pins or the package metadata change.
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/uv
+	$(BIN)/uv pip install --python $(BIN)/python -c constraints.txt -e ".[$(EXTRAS)]"
+	@touch $@
+
+venv: $(VENV)/.installed
+
+# MPLBACKEND is unset for the build: exported as Agg it reaches the notebook kernels, which then draw no
+# inline figures (plt.show() outputs nothing) and the chapters lose their images.
+book: venv
+	env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html
+
+test: venv test-unit book test-nbval test-browser
+
+test-unit: venv
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" tests
+
+test-nbval: venv
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book
+
+# The browser test needs Debian's chromium; as root we install it, otherwise say what to do.
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; \
+	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium"; exit 1; fi; \
+	fi
+
+test-browser: venv browser-deps
+	$(BIN)/python -m pytest -m browser tests
+
+lock:
+	uv pip compile pyproject.toml --all-extras --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 -o constraints.txt --no-header --no-annotate
+
+clean:
+	rm -rf _build .bootens_cache

@@ -1,0 +1,79 @@
+"""The ``bootens`` command: list experiments and run them into a results folder.
+
+    bootens list
+    bootens run univariate --profile quick --out results/
+    bootens run linear --profile paper --out results/ --force
+
+``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
+summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from . import experiments
+
+    width = max(len(n) for n in experiments.REGISTRY)
+    for name, mod in sorted(experiments.REGISTRY.items()):
+        print(f"{name:<{width}}  {', '.join(mod.ARTEFACTS):<32}  {mod.DESCRIPTION}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import jax
+
+    from . import config, experiments, store
+
+    try:
+        mod = experiments.get(args.experiment)
+    except KeyError as exc:
+        print(f"bootens: {exc.args[0]}", file=sys.stderr)
+        return 2
+    cfg = config.for_profile(mod.Config, args.profile)
+    if args.seed is not None:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, seed=args.seed)
+    key = jax.random.key(cfg.seed)
+    result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
+    result.provenance["profile"] = config.profile(args.profile)
+    where = store.save(result, f"{args.out}/{mod.NAME}")
+    if not args.quiet:
+        print(json.dumps(result.summary, indent=2, sort_keys=True, default=str))
+    print(f"bootens: wrote {where}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bootens`` console script."""
+    parser = argparse.ArgumentParser(prog="bootens", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="list the experiments and the paper artefacts they rebuild")
+    p_list.set_defaults(fn=_cmd_list)
+    p_run = sub.add_parser("run", help="run one experiment and write its results")
+    p_run.add_argument("experiment", help="experiment name (see `bootens list`)")
+    p_run.add_argument("--profile", choices=["quick", "paper"], default=None,
+                       help="settings profile (default: $BOOTENS_PROFILE or quick)")
+    p_run.add_argument("--out", default="results", help="results folder (default: results)")
+    p_run.add_argument("--force", action="store_true", help="recompute even if a cached result exists")
+    p_run.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    p_run.add_argument("--quiet", action="store_true", help="no progress bars, no summary on stdout")
+    p_run.set_defaults(fn=_cmd_run)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("bootens: interrupted; nothing partial was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

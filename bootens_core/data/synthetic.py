@@ -1,0 +1,50 @@
+"""Synthetic datasets of the paper's illustrative figures (the paper does not publish its own).
+
+Every generator takes a PRNG key first and returns plain float64 numpy arrays.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Regression1D", "univariate", "trig_regression", "trig_frequencies"]
+
+
+class Regression1D(NamedTuple):
+    """A 1-D regression dataset: inputs ``x`` ``(n,)``, labels ``y`` ``(n,)``, and its generating function."""
+
+    x: np.ndarray
+    y: np.ndarray
+    description: str
+
+
+def univariate(key: jax.Array, n: int, w_true: float, noise_var: float) -> Regression1D:
+    """``y = w_true x + N(0, noise_var)`` with ``x ~ N(0, 1)`` (Figure 1)."""
+    k_x, k_eps = jax.random.split(key)
+    x = np.asarray(jax.random.normal(k_x, (n,), jnp.float64))
+    y = w_true * x + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
+    return Regression1D(x, y, f"y = {w_true:g} x + N(0, {noise_var:g}), x ~ N(0, 1)")
+
+
+def trig_regression(key: jax.Array, n: int, noise_var: float) -> Regression1D:
+    """Figure 2's data: ``y = sin(2x) + x/2 + N(0, noise_var)`` at ``x`` uniform on [-2, -0.5] U [0.5, 2].
+
+    The gap in the middle and the ends beyond |x| = 2 show the posterior's uncertainty growing away
+    from the data.
+    """
+    k_side, k_x, k_eps = jax.random.split(key, 3)
+    side = np.where(np.asarray(jax.random.bernoulli(k_side, 0.5, (n,))), 1.0, -1.0)
+    x = side * np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, 0.5, 2.0))
+    x = np.sort(x)
+    f = np.sin(2 * x) + 0.5 * x
+    y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
+    return Regression1D(x, y, f"y = sin(2x) + x/2 + N(0, {noise_var:g}), x ~ U([-2,-0.5] u [0.5,2])")
+
+
+def trig_frequencies(key: jax.Array, n_features: int, lengthscale: float) -> np.ndarray:
+    """The fixed frequencies ``omega ~ N(0, l^2)`` of the trigonometric features (Appendix, l = 1.6)."""
+    return lengthscale * np.asarray(jax.random.normal(key, (n_features,), jnp.float64))

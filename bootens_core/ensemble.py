@@ -1,0 +1,389 @@
+"""Algorithm 1: an ensemble of perturbed regression models, all particles trained at once.
+
+Each particle ``i`` draws a replicate (perturbed labels ``y~_i``, prior anchor ``theta~_i``), starts at
+``theta_i = theta~_i`` (so the ensemble starts as a prior sample) and climbs its own perturbed log joint.
+All particles move together: one ``jax.vmap`` over the particle axis inside one ``jax.lax.scan`` over steps,
+compiled once. Snapshots of the particles at chosen steps and a per-step ``record`` of any function of the
+particles are taken on the device, without host round-trips.
+
+Example::
+
+    opt = ensemble.optimizer("adagrad", 0.01)
+    res = ensemble.train(key, model, x, y, noise_var=0.1, n_particles=200, opt=opt, steps=400)
+    f = ensemble.predict(model, res.params, x_test)          # (200, n_test)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .models import Model, Params, predict, prior_sample
+from .perturb import Perturbation, perturbed_log_joint
+from .perturb import sample as sample_perturbation
+
+__all__ = [
+    "Optimizer",
+    "optimizer",
+    "State",
+    "EnsembleResult",
+    "DivergedParticlesError",
+    "check_data",
+    "init",
+    "train",
+    "predict",
+]
+
+
+class Optimizer(NamedTuple):
+    """An optax transformation that minimises ``-log p~``, and whether it needs the loss value."""
+
+    tx: optax.GradientTransformation
+    needs_value: bool
+    description: str
+
+
+def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
+    """Build one of the optimizers of the paper's experiments.
+
+    Args:
+        name: ``"sgd"`` (plain gradient ascent on ``log p~``, Algorithm 1 as written), ``"adagrad"``
+            (kwargs ``initial_accumulator_value`` (optax default 0.1), ``eps``), ``"adam"``, or ``"lbfgs"``
+            (kwargs ``memory_size`` (default 10) and ``linesearch``: ``None`` for fixed steps of size
+            ``learning_rate`` along the L-BFGS direction, or ``"zoom"`` for optax's zoom line search).
+        learning_rate: the step size ``h``.
+    """
+    lr = float(learning_rate)
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"learning rate must be a positive finite number, got {learning_rate!r}")
+    if name == "sgd":
+        return Optimizer(optax.sgd(lr), False, f"gradient ascent, h={lr:g}")
+    if name == "adagrad":
+        acc = float(kwargs.pop("initial_accumulator_value", 0.1))
+        eps = float(kwargs.pop("eps", 1e-7))
+        _no_extra(name, kwargs)
+        return Optimizer(
+            optax.adagrad(lr, initial_accumulator_value=acc, eps=eps), False,
+            f"Adagrad, h={lr:g}, initial accumulator {acc:g}",
+        )
+    if name == "adam":
+        _no_extra(name, kwargs)
+        return Optimizer(optax.adam(lr), False, f"Adam, lr={lr:g}")
+    if name == "lbfgs":
+        memory = int(kwargs.pop("memory_size", 10))
+        search = kwargs.pop("linesearch", None)
+        _no_extra(name, kwargs)
+        if search is None:
+            tx = optax.lbfgs(learning_rate=lr, memory_size=memory, linesearch=None)
+            desc = f"L-BFGS (memory {memory}), fixed step {lr:g}, no line search"
+        elif search == "zoom":
+            tx = optax.lbfgs(learning_rate=lr, memory_size=memory)
+            desc = f"L-BFGS (memory {memory}), zoom line search, initial step {lr:g}"
+        else:
+            raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")
+        return Optimizer(tx, True, desc)
+    raise ValueError(f"unknown optimizer {name!r}: choose sgd, adagrad, adam or lbfgs")
+
+
+def _no_extra(name: str, kwargs: dict[str, Any]) -> None:
+    if kwargs:
+        raise TypeError(f"optimizer {name!r} does not take {sorted(kwargs)}")
+
+
+class State(NamedTuple):
+    """Particles (leading axis ``k``), their optimizer states, and the number of steps taken."""
+
+    params: Params
+    opt_state: Any
+    step: jax.Array
+
+
+class EnsembleResult(NamedTuple):
+    """What :func:`train` returns.
+
+    Attributes:
+        params: final particles, leading axis ``k``.
+        init_params: the particles before the first step (prior draws).
+        snapshots: particles at ``snapshot_steps``, leading axes ``(len(snapshot_steps), k)``; ``None`` if none.
+        snapshot_steps: the steps of the snapshots (0 = before any step).
+        loss: ``(steps, k)`` values of ``-log p~`` of every particle before each step.
+        records: ``record(params)`` before the first step and after every step, stacked on a leading axis
+            of length ``steps + 1``; ``None`` without ``record``.
+        perturbation: the replicates (perturbed labels and anchors) of the particles.
+        diverged: ``(k,)`` booleans: particles with a NaN or Inf parameter at the end.
+    """
+
+    params: Params
+    init_params: Params
+    snapshots: Params | None
+    snapshot_steps: tuple[int, ...]
+    loss: np.ndarray
+    records: Any
+    perturbation: Perturbation
+    diverged: np.ndarray
+
+
+class DivergedParticlesError(RuntimeError):
+    """Raised when particles end with NaN/Inf parameters; ``.diverged`` is the boolean mask."""
+
+    def __init__(self, message: str, diverged: np.ndarray, first_step: int | None):
+        super().__init__(message)
+        self.diverged = diverged
+        self.first_step = first_step
+
+
+def check_data(x: Any, y: Any, noise_var: Any = None) -> tuple[jax.Array, jax.Array]:
+    """Validate training data: matching lengths, finite values, positive noise variance.
+
+    Returns ``(x, y)`` as arrays; raises ``ValueError`` naming the problem otherwise.
+    """
+    x_np, y_np = np.asarray(x), np.asarray(y)
+    if y_np.ndim != 1:
+        raise ValueError(f"labels y must be a vector of shape (n,), got shape {y_np.shape}")
+    if x_np.ndim not in (1, 2):
+        raise ValueError(f"inputs x must have shape (n,) or (n, d), got shape {x_np.shape}")
+    if x_np.shape[0] != y_np.shape[0]:
+        raise ValueError(f"x has {x_np.shape[0]} rows but y has {y_np.shape[0]} labels")
+    if y_np.shape[0] == 0:
+        raise ValueError("no training data (n = 0)")
+    for name, arr in (("x", x_np), ("y", y_np)):
+        if not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            rows = np.unique(np.nonzero(bad)[0])
+            raise ValueError(
+                f"{name} contains {int(bad.sum())} NaN/Inf value(s) (rows {rows[:5].tolist()}"
+                f"{'...' if rows.size > 5 else ''}); remove or impute them first"
+            )
+    if noise_var is not None:
+        nv = np.asarray(noise_var, dtype=float)
+        if nv.ndim not in (0, 1) or (nv.ndim == 1 and nv.shape[0] != y_np.shape[0]):
+            raise ValueError(f"noise_var must be a scalar or have shape ({y_np.shape[0]},), got {nv.shape}")
+        if not np.all(np.isfinite(nv) & (nv > 0)):
+            raise ValueError("noise_var must be positive and finite")
+    return jnp.asarray(x_np), jnp.asarray(y_np)
+
+
+def init(
+    key: jax.Array,
+    model: Model,
+    y: jax.Array,
+    noise_var: float | jax.Array,
+    n_particles: int,
+    opt: Optimizer,
+    *,
+    perturb_labels: bool = True,
+    perturb_prior: bool = True,
+) -> tuple[State, Perturbation]:
+    """Draw the replicates and the starting particles of Algorithm 1.
+
+    With ``perturb_prior`` the particles start at their anchors ``theta~`` (Algorithm 1, line 4); without it
+    the anchors are 0 (the plain prior) and the particles start at independent prior draws. Without
+    ``perturb_labels`` every particle sees the observed labels: both flags off give the *unperturbed*
+    ensemble of Section 4.2, whose particles all climb ``log p(D, theta)``.
+    """
+    if int(n_particles) < 1:
+        raise ValueError(f"n_particles must be at least 1, got {n_particles}")
+    k_pert, k_init = jax.random.split(key)
+    pert = sample_perturbation(k_pert, model, y, noise_var, n_particles)
+    if not perturb_labels:
+        pert = pert._replace(y=jnp.broadcast_to(y, pert.y.shape))
+    if perturb_prior:
+        params = pert.anchor
+    else:
+        pert = pert._replace(anchor=jax.tree.map(jnp.zeros_like, pert.anchor))
+        params = prior_sample(k_init, model, n_particles, dtype=y.dtype)
+    opt_state = jax.vmap(opt.tx.init)(params)
+    return State(params, opt_state, jnp.zeros((), jnp.int32)), pert
+
+
+def _particle_step(model: Model, opt: Optimizer):
+    """One step of one particle: minimise ``-log p~`` (i.e. ascend ``log p~``)."""
+
+    def step(params, opt_state, pert, x, noise_var):
+        def loss_fn(p):
+            return -perturbed_log_joint(model, p, x, pert, noise_var)
+
+        if opt.needs_value:
+            value, grad = optax.value_and_grad_from_state(loss_fn)(params, state=opt_state)
+            updates, opt_state = opt.tx.update(
+                grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn
+            )
+        else:
+            value, grad = jax.value_and_grad(loss_fn)(params)
+            updates, opt_state = opt.tx.update(grad, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
+    step_all = jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
+
+    def run_chunk(state, buf, pert, x, noise_var, slots, valid):
+        def body(carry, inp):
+            state, buf = carry
+            slot, ok = inp
+
+            def advance(s):
+                params, opt_state, loss = step_all(s.params, s.opt_state, pert, x, noise_var)
+                return State(params, opt_state, s.step + 1), loss
+
+            def hold(s):
+                k = jax.tree.leaves(s.params)[0].shape[0]
+                return s, jnp.full((k,), jnp.nan, dtype=x.dtype)
+
+            state, loss = jax.lax.cond(ok, advance, hold, state)
+            if with_snapshots:
+                buf = jax.lax.cond(
+                    slot >= 0,
+                    lambda b: jax.tree.map(lambda bb, p: bb.at[slot].set(p), b, state.params),
+                    lambda b: b,
+                    buf,
+                )
+            rec = record(state.params) if record is not None else None
+            return (state, buf), (loss, rec)
+
+        (state, buf), (loss, rec) = jax.lax.scan(body, (state, buf), (slots, valid))
+        return state, buf, loss, rec
+
+    return jax.jit(run_chunk)
+
+
+def train(
+    key: jax.Array,
+    model: Model,
+    x: Any,
+    y: Any,
+    *,
+    noise_var: float | Any,
+    n_particles: int,
+    opt: Optimizer,
+    steps: int,
+    snapshot_steps: Sequence[int] = (),
+    record: Callable[[Params], Any] | None = None,
+    perturb_labels: bool = True,
+    perturb_prior: bool = True,
+    dtype: Any = jnp.float64,
+    on_diverged: str = "raise",
+    progress: bool | str = False,
+    n_chunks: int = 1,
+) -> EnsembleResult:
+    """Run Algorithm 1 on ``n_particles`` particles for ``steps`` optimizer steps.
+
+    Args:
+        key: PRNG key; split into the replicates' key and the (unperturbed-prior) initialisation key.
+        model: the model and its prior.
+        x, y: training inputs ``(n,)``/``(n, d)`` and labels ``(n,)``; validated by :func:`check_data`.
+        noise_var: likelihood variance ``sigma^2``, scalar or one per point.
+        n_particles: ensemble size ``k``.
+        opt: from :func:`optimizer`.
+        steps: number of optimizer steps.
+        snapshot_steps: steps (0..steps) at which to keep a copy of all particles.
+        record: a function of the particles (leading axis ``k``) evaluated before the first step and after
+            every step on the device, e.g. a projection used for a KL curve.
+        perturb_labels, perturb_prior: see :func:`init`.
+        dtype: float dtype of data and parameters (float32 for large networks).
+        on_diverged: ``"raise"`` (default) raises :class:`DivergedParticlesError` if any particle ends with a
+            NaN/Inf parameter; ``"report"`` returns and flags them in ``diverged``.
+        progress: show a progress bar (a description string sets its label).
+        n_chunks: split the scan into this many equal chunks (one compilation) so that a progress bar can
+            advance between them; progress bars use at least 50.
+    """
+    if on_diverged not in ("raise", "report"):
+        raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
+    steps = int(steps)
+    if steps < 0:
+        raise ValueError(f"steps must be non-negative, got {steps}")
+    snaps = tuple(sorted({int(s) for s in snapshot_steps}))
+    if snaps and (snaps[0] < 0 or snaps[-1] > steps):
+        raise ValueError(f"snapshot steps must lie in [0, {steps}], got {list(snaps)}")
+    x, y = check_data(x, y, noise_var)
+    x, y = x.astype(dtype), y.astype(dtype)
+    noise_var = jnp.asarray(noise_var, dtype)
+
+    state, pert = init(
+        key, model, y, noise_var, n_particles, opt, perturb_labels=perturb_labels, perturb_prior=perturb_prior
+    )
+    init_params = state.params
+
+    if progress:
+        n_chunks = max(n_chunks, min(50, max(steps, 1)))
+    n_chunks = max(1, min(int(n_chunks), max(steps, 1)))
+    chunk = max(1, math.ceil(steps / n_chunks)) if steps else 1
+    n_chunks = math.ceil(steps / chunk) if steps else 0
+    total = n_chunks * chunk
+    # slots[t-1] = index of the snapshot taken after step t, or -1.
+    slots = np.full(total, -1, dtype=np.int32)
+    for i, s in enumerate(snaps):
+        if s > 0:
+            slots[s - 1] = i
+    valid = np.arange(total) < steps
+
+    with_snapshots = bool(snaps)
+    buf = None
+    if with_snapshots:
+        buf = jax.tree.map(lambda p: jnp.zeros((len(snaps), *p.shape), p.dtype), state.params)
+        if snaps[0] == 0:
+            buf = jax.tree.map(lambda b, p: b.at[0].set(p), buf, state.params)
+
+    runner = _make_chunk_runner(model, opt, record, with_snapshots)
+    losses, recs = [], []
+    bar = None
+    if progress and n_chunks:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=progress if isinstance(progress, str) else "particles", unit="step")
+    try:
+        for c in range(n_chunks):
+            sl = slice(c * chunk, (c + 1) * chunk)
+            state, buf, loss, rec = runner(state, buf, pert, x, noise_var, jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
+            losses.append(loss)
+            recs.append(rec)
+            if bar is not None:
+                jax.block_until_ready(state.params)
+                bar.update(min(chunk, steps - c * chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+
+    k = int(n_particles)
+    loss = np.concatenate([np.asarray(v) for v in losses])[:steps] if losses else np.zeros((0, k))
+    records = None
+    if record is not None:
+        first = jax.tree.map(lambda r: r[None], record(init_params))
+        stacked = [first] + [jax.tree.map(lambda r: r, r_) for r_ in recs]
+        records = jax.tree.map(lambda *rs: np.concatenate([np.asarray(r) for r in rs])[: steps + 1], *stacked)
+
+    finite = jnp.ones((k,), bool)
+    for leaf in jax.tree.leaves(state.params):
+        finite = finite & jnp.all(jnp.isfinite(leaf.reshape(k, -1)), axis=1)
+    diverged = ~np.asarray(finite)
+    if diverged.any() and on_diverged == "raise":
+        bad_steps = np.nonzero(~np.isfinite(loss).all(axis=1))[0]
+        first = int(bad_steps[0]) if bad_steps.size else None
+        where = f"; the loss first became non-finite at step {first}" if first is not None else ""
+        raise DivergedParticlesError(
+            f"{int(diverged.sum())} of {k} particles diverged to NaN/Inf during {steps} steps of "
+            f"{opt.description}{where}. Lower the step size, or pass on_diverged='report' to keep the "
+            "finite ones and inspect the rest.",
+            diverged,
+            first,
+        )
+    return EnsembleResult(
+        params=state.params,
+        init_params=init_params,
+        snapshots=buf,
+        snapshot_steps=snaps,
+        loss=loss,
+        records=records,
+        perturbation=pert,
+        diverged=diverged,
+    )

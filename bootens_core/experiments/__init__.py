@@ -1,0 +1,24 @@
+"""One runner per paper artefact: ``run(key, cfg) -> Result`` (cached in the result store).
+
+Every runner module defines ``NAME``, ``DESCRIPTION``, ``ARTEFACTS`` (what of the paper it rebuilds),
+``Config`` (the config class, with ``quick()``/``paper()``) and ``run(key, cfg, *, use_cache, force,
+progress)``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import linear, univariate
+
+__all__ = ["REGISTRY", "get", "linear", "univariate"]
+
+REGISTRY: dict[str, ModuleType] = {m.NAME: m for m in (univariate, linear)}
+
+
+def get(name: str) -> ModuleType:
+    """The runner module of an experiment; a clear error lists the known ones."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown experiment {name!r}: known are {', '.join(sorted(REGISTRY))}") from None

@@ -1,0 +1,198 @@
+"""Model functions ``f(params, x) -> (n,)`` with diagonal Gaussian priors over their parameters.
+
+A :class:`Model` bundles the function, a template of its parameters (a pytree of shapes) and the prior
+variance of every leaf (a pytree of scalars with the same structure). Priors are ``N(0, var)`` per leaf,
+so every model here is a "Gaussian prior and likelihood" model in the sense of the paper's Theorem 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+__all__ = [
+    "Params",
+    "Model",
+    "ACTIVATIONS",
+    "mlp",
+    "linear_in_features",
+    "trig_features",
+    "scalar_linear",
+    "toy_relu",
+    "prior_sample",
+    "prior_logpdf",
+    "n_params",
+    "ravel",
+    "predict",
+]
+
+Params = Any  # a pytree of arrays
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
+    "gelu": jax.nn.gelu,
+    "identity": lambda z: z,
+}
+
+
+class Model(NamedTuple):
+    """A regression model with a diagonal Gaussian prior.
+
+    Attributes:
+        apply: ``apply(params, x) -> (n,)`` latent function values at the ``n`` inputs.
+        shapes: pytree with the structure of the parameters whose leaves are shape tuples.
+        prior_var: pytree with the structure of the parameters whose leaves are scalar prior variances.
+        features: for models linear in their parameters, ``features(x) -> (n, D)`` with
+            ``apply({"w": w}, x) == features(x) @ w``; ``None`` otherwise.
+        name: a short description, for plots and provenance.
+    """
+
+    apply: Callable[[Params, jax.Array], jax.Array]
+    shapes: Params
+    prior_var: Params
+    features: Callable[[jax.Array], jax.Array] | None = None
+    name: str = "model"
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+
+
+def mlp(
+    in_dim: int,
+    hidden: Sequence[int] = (50,),
+    activation: str = "relu",
+    *,
+    out_dim: int = 1,
+    weight_var: float = 1.0,
+    bias_var: float = 1.0,
+    scale_by_fan_in: bool = False,
+) -> Model:
+    """A fully connected network ``in_dim -> hidden... -> out_dim``.
+
+    Args:
+        in_dim: input dimension; inputs are ``(n, in_dim)`` (or ``(n,)`` when ``in_dim == 1``).
+        hidden: widths of the hidden layers (``()`` gives a linear model).
+        activation: one of :data:`ACTIVATIONS`.
+        out_dim: output dimension; ``apply`` returns ``(n,)`` when it is 1, else ``(n, out_dim)``.
+        weight_var, bias_var: prior variances alpha_w^2, alpha_b^2.
+        scale_by_fan_in: if true, the weight variance of a layer is ``weight_var / fan_in`` (still a
+            diagonal Gaussian prior, with a different variance per layer).
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}: choose one of {sorted(ACTIVATIONS)}")
+    widths = [in_dim, *hidden, out_dim]
+    if any(int(w) < 1 for w in widths):
+        raise ValueError(f"layer widths must be positive, got {widths}")
+    act = ACTIVATIONS[activation]
+    shapes = [{"w": (a, b), "b": (b,)} for a, b in zip(widths[:-1], widths[1:], strict=True)]
+    prior_var = [
+        {"w": float(weight_var / a if scale_by_fan_in else weight_var), "b": float(bias_var)}
+        for a in widths[:-1]
+    ]
+
+    def apply(params: Params, x: jax.Array) -> jax.Array:
+        h = x.reshape(x.shape[0], -1) if x.ndim != 2 else x
+        for layer in params[:-1]:
+            h = act(h @ layer["w"] + layer["b"])
+        out = h @ params[-1]["w"] + params[-1]["b"]
+        return out[:, 0] if out_dim == 1 else out
+
+    name = f"MLP {in_dim}-{'-'.join(map(str, hidden))}{'-' if hidden else ''}{out_dim} ({activation})"
+    return Model(apply=apply, shapes=shapes, prior_var=prior_var, name=name)
+
+
+def linear_in_features(
+    features: Callable[[jax.Array], jax.Array], n_features: int, prior_var: float = 1.0, name: str = "linear"
+) -> Model:
+    """A Bayesian linear model ``f(x) = features(x) @ w`` with ``w ~ N(0, prior_var I)``."""
+
+    def apply(params: Params, x: jax.Array) -> jax.Array:
+        return features(x) @ params["w"]
+
+    return Model(
+        apply=apply,
+        shapes={"w": (n_features,)},
+        prior_var={"w": float(prior_var)},
+        features=features,
+        name=name,
+    )
+
+
+def trig_features(omega: jax.Array, prior_var: float = 1.0) -> Model:
+    """The paper's trigonometric-feature model ``f(x) = w^T cos(omega x - pi/4)`` for 1-D inputs ``x``."""
+    omega = jnp.asarray(omega)
+
+    def features(x: jax.Array) -> jax.Array:
+        return jnp.cos(jnp.reshape(x, (-1, 1)) * omega[None, :] - jnp.pi / 4)
+
+    return linear_in_features(features, omega.shape[0], prior_var, name=f"trig features (D={omega.shape[0]})")
+
+
+def scalar_linear(prior_var: float = 1.0) -> Model:
+    """The one-weight model ``f(x) = w x`` of the paper's Figure 1."""
+    return linear_in_features(lambda x: jnp.reshape(x, (-1, 1)), 1, prior_var, name="f(x) = w x")
+
+
+def toy_relu(prior_var: float = 1.0) -> Model:
+    """The paper's toy network ``f(x) = ReLU(w1 x) + ReLU(w2 x)`` with weights ``w = (w1, w2)``."""
+
+    def apply(params: Params, x: jax.Array) -> jax.Array:
+        x = jnp.reshape(x, (-1,))
+        return jax.nn.relu(params["w"][0] * x) + jax.nn.relu(params["w"][1] * x)
+
+    return Model(apply=apply, shapes={"w": (2,)}, prior_var={"w": float(prior_var)}, name="ReLU(w1 x)+ReLU(w2 x)")
+
+
+def prior_sample(key: jax.Array, model: Model, n: int | None = None, dtype: Any = jnp.float64) -> Params:
+    """Draw parameters from the prior; with ``n``, a leading axis of ``n`` independent draws."""
+    leaves, treedef = jax.tree.flatten(model.shapes, is_leaf=_is_shape)
+    variances = treedef.flatten_up_to(model.prior_var)
+    keys = jax.random.split(key, len(leaves))
+    lead = () if n is None else (n,)
+    draws = [
+        jnp.sqrt(jnp.asarray(v, dtype)) * jax.random.normal(k, lead + shape, dtype)
+        for k, shape, v in zip(keys, leaves, variances, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, draws)
+
+
+def prior_logpdf(model: Model, params: Params, mean: Params | None = None) -> jax.Array:
+    """``log N(params; mean, diag(prior_var))`` summed over all parameters (``mean`` defaults to 0)."""
+    leaves, treedef = jax.tree.flatten(params)
+    variances = treedef.flatten_up_to(model.prior_var)
+    means = [None] * len(leaves) if mean is None else treedef.flatten_up_to(mean)
+    total = jnp.zeros((), dtype=leaves[0].dtype)
+    for leaf, var, mu in zip(leaves, variances, means, strict=True):
+        diff = leaf if mu is None else leaf - mu
+        var = jnp.asarray(var, leaf.dtype)
+        total = total - 0.5 * jnp.sum(diff**2) / var - 0.5 * leaf.size * jnp.log(2 * jnp.pi * var)
+    return total
+
+
+def n_params(model: Model) -> int:
+    """The number ``m`` of scalar parameters."""
+    leaves = jax.tree.leaves(model.shapes, is_leaf=_is_shape)
+    total = 0
+    for shape in leaves:
+        size = 1
+        for d in shape:
+            size *= d
+        total += size
+    return total
+
+
+def ravel(params: Params) -> tuple[jax.Array, Callable[[jax.Array], Params]]:
+    """Flatten one parameter pytree to a vector ``theta in R^m``; returns it and the inverse map."""
+    return ravel_pytree(params)
+
+
+def predict(model: Model, params: Params, x: jax.Array) -> jax.Array:
+    """Latent predictions of every particle: params with a leading particle axis -> ``(k, n)``."""
+    return jax.vmap(model.apply, in_axes=(0, None))(params, x)
