@@ -1,6 +1,7 @@
 """Every figure of the book. Notebooks call these and never style anything themselves.
 
-Each function takes a :class:`~bootens_core.store.Result` and returns a matplotlib ``Figure``.
+Each function takes a :class:`~bootens_core.store.Result` and returns a closed matplotlib ``Figure``
+(a notebook shows it by ending a cell with the call; a script calls ``fig.savefig``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def _styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Figure:
         with plt.rc_context(STYLE):
-            return fn(*args, **kwargs)
+            fig = fn(*args, **kwargs)
+        # Closed, so that pyplot's inline backend does not show it a second time: a notebook cell displays
+        # the returned figure once, and a script saves it with fig.savefig.
+        plt.close(fig)
+        return fig
 
     return wrapper
 
