@@ -359,8 +359,7 @@ def train(
     records = None
     if record is not None:
         first = jax.tree.map(lambda r: r[None], record(init_params))
-        stacked = [first] + [jax.tree.map(lambda r: r, r_) for r_ in recs]
-        records = jax.tree.map(lambda *rs: np.concatenate([np.asarray(r) for r in rs])[: steps + 1], *stacked)
+        records = jax.tree.map(lambda *rs: np.concatenate([np.asarray(r) for r in rs])[: steps + 1], first, *recs)
 
     finite = jnp.ones((k,), bool)
     for leaf in jax.tree.leaves(state.params):
