@@ -63,6 +63,7 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"learning rate must be a positive finite number, got {learning_rate!r}")
     if name == "sgd":
+        _no_extra(name, kwargs)
         return Optimizer(optax.sgd(lr), False, f"gradient ascent, h={lr:g}")
     if name == "adagrad":
         acc = float(kwargs.pop("initial_accumulator_value", 0.1))
@@ -87,7 +88,8 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
             desc = f"L-BFGS (memory {memory}), zoom line search, initial step {lr:g}"
         else:
             raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")
-        return Optimizer(tx, True, desc)
+        # Only the line search reads the loss value (and caches value and gradient in the state).
+        return Optimizer(tx, search is not None, desc)
     raise ValueError(f"unknown optimizer {name!r}: choose sgd, adagrad, adam or lbfgs")
 
 

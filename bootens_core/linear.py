@@ -231,6 +231,8 @@ def expected_self_distance(r: int, k: int) -> float:
     With ``(k-1) S ~ Wishart(k-1, Sigma)`` and an independent mean error ``~ N(0, Sigma / k)``:
     ``E KL = 1/2 [ r/k - sum_{i=1}^r psi((k-i)/2) - r log(2/(k-1)) ]``.
     """
+    if k <= r:
+        raise ValueError(f"the estimator needs more samples ({k}) than dimensions ({r})")
     i = np.arange(1, r + 1)
     return float(0.5 * (r / k - np.sum(digamma((k - i) / 2)) - r * np.log(2 / (k - 1))))
 

@@ -102,6 +102,20 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+_NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def _restore_non_finite(obj: Any) -> Any:
+    """Undo :func:`_jsonable`'s spelling of non-finite floats, so a cached summary equals a fresh one."""
+    if isinstance(obj, dict):
+        return {k: _restore_non_finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_restore_non_finite(v) for v in obj]
+    if isinstance(obj, str) and obj in _NON_FINITE:
+        return _NON_FINITE[obj]
+    return obj
+
+
 def _git_commit() -> str | None:
     root = _PACKAGE_DIR.parent
     try:
@@ -182,7 +196,7 @@ def load(directory: str | os.PathLike[str]) -> Result:
             name=prov.pop("name"),
             config=json.loads((d / "config.json").read_text()),
             arrays=arrays,
-            summary=json.loads((d / "summary.json").read_text()),
+            summary=_restore_non_finite(json.loads((d / "summary.json").read_text())),
             provenance=prov,
         )
     except (json.JSONDecodeError, KeyError, OSError, ValueError) as exc:

@@ -1,0 +1,57 @@
+"""Shared test set-up.
+
+- Every test session writes results into a fresh temporary cache (``BOOTENS_CACHE_DIR``), so no test ever
+  reads a result cached by an earlier run or by the book build (a stale cache would hide a regression).
+- Matplotlib draws off-screen (Agg).
+- Importing :mod:`bootens_core` first enables JAX's 64-bit mode for every test module.
+- XLA compiles on a 2-core CPU are the bulk of the suite's time, and many tests compile the same program
+  again (a new closure over the same model); a per-session JAX compilation cache (content-addressed by
+  the program, the versions and the flags; never carried over between sessions) compiles each one once.
+  A ``JAX_COMPILATION_CACHE_DIR`` set by the caller is respected.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import bootens_core  # noqa: E402,F401  (enables jax_enable_x64 before any test builds an array)
+
+_COMPILE_CACHE: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _COMPILE_CACHE
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    _COMPILE_CACHE = tempfile.mkdtemp(prefix="bootens-jax-cache-")
+    jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _COMPILE_CACHE is not None:
+        shutil.rmtree(_COMPILE_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_result_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Point ``BOOTENS_CACHE_DIR`` at a per-session temporary directory, and restore it afterwards."""
+    previous = os.environ.get("BOOTENS_CACHE_DIR")
+    os.environ["BOOTENS_CACHE_DIR"] = str(tmp_path_factory.mktemp("bootens_cache"))
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("BOOTENS_CACHE_DIR", None)
+        else:
+            os.environ["BOOTENS_CACHE_DIR"] = previous

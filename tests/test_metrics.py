@@ -1,0 +1,122 @@
+"""bootens_core.metrics against scipy, quadrature and Monte Carlo."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+from scipy.special import logsumexp
+
+from bootens_core import metrics
+
+
+def test_rmse():
+    y = np.array([1.0, 2.0, 3.0, 4.0])
+    pred = np.array([1.5, 2.0, 2.0, 4.0])
+    assert metrics.rmse(y, pred) == pytest.approx(np.sqrt((0.25 + 0 + 1 + 0) / 4), rel=1e-15)
+    assert metrics.rmse(y, y) == 0.0
+
+
+def test_rmse_shape_mismatch():
+    with pytest.raises(ValueError, match="shapes differ"):
+        metrics.rmse(np.ones(3), np.ones((3, 1)))
+
+
+def _mnll_scipy(y, f, noise_var):
+    logp = stats.norm.logpdf(y[None], f, np.sqrt(np.broadcast_to(noise_var, y.shape))[None])
+    return -np.mean(logsumexp(logp, axis=0, b=1.0 / f.shape[0]))
+
+
+@pytest.mark.parametrize("per_point", [False, True])
+def test_mixture_mnll_against_scipy(per_point):
+    rng = np.random.default_rng(0)
+    k, n = 7, 11
+    y, f = rng.normal(size=n), rng.normal(size=(k, n))
+    var = rng.uniform(0.05, 2.0, n) if per_point else 0.3
+    assert metrics.mixture_mnll(y, f, var) == pytest.approx(_mnll_scipy(y, f, var), rel=1e-12)
+
+
+def test_mixture_mnll_single_particle_is_the_gaussian_nll():
+    rng = np.random.default_rng(1)
+    y, f = rng.normal(size=9), rng.normal(size=(1, 9))
+    want = -np.mean(stats.norm.logpdf(y, f[0], np.sqrt(0.2)))
+    assert metrics.mixture_mnll(y, f, 0.2) == pytest.approx(want, rel=1e-13)
+
+
+def test_mixture_mnll_is_not_the_average_particle_nll():
+    """Particles at 0 and 6, y = 0, unit variance: the mixture NLL is -log((phi(0) + phi(6)) / 2) ~ 1.61,
+    while averaging the particles' NLLs gives (0.92 + 18.92) / 2 ~ 9.92 (Jensen: never smaller)."""
+    y, f = np.zeros(1), np.array([[0.0], [6.0]])
+    mixture = metrics.mixture_mnll(y, f, 1.0)
+    assert mixture == pytest.approx(-np.log(0.5 * (stats.norm.pdf(0.0) + stats.norm.pdf(6.0))), rel=1e-13)
+    average = -np.mean(stats.norm.logpdf(0.0, f[:, 0], 1.0))
+    assert average - mixture > 8
+
+
+def test_mixture_mnll_is_stable_far_in_the_tails():
+    """Densities that underflow to 0 in float64 (log density ~ -5000) still give the exact log-mean-exp."""
+    y = np.array([0.0])
+    f = np.array([[100.0], [101.0]])
+    var = 1.0
+    logs = stats.norm.logpdf(0.0, f[:, 0], 1.0)
+    assert np.all(np.exp(logs) == 0.0)
+    want = -(np.logaddexp(logs[0], logs[1]) - np.log(2))
+    got = metrics.mixture_mnll(y, f, var)
+    assert np.isfinite(got) and got == pytest.approx(want, rel=1e-13)
+
+
+def test_mixture_mnll_shape_check():
+    with pytest.raises(ValueError, match=r"f must have shape \(k, n\)"):
+        metrics.mixture_mnll(np.zeros(3), np.zeros((2, 4)), 1.0)
+
+
+@pytest.mark.parametrize(
+    "m0, s0, m1, s1", [(0.0, 1.0, 0.0, 1.0), (0.3, 0.5, -1.0, 2.0), (2.0, 3.0, 0.0, 0.7)]
+)
+def test_gaussian_kl_1d_against_quadrature(m0, s0, m1, s1):
+    def integrand(x):
+        return stats.norm.pdf(x, m0, s0) * (stats.norm.logpdf(x, m0, s0) - stats.norm.logpdf(x, m1, s1))
+
+    want, abserr = integrate.quad(
+        integrand, m0 - 15 * s0, m0 + 15 * s0, epsabs=1e-13, epsrel=1e-12, limit=200
+    )
+    got = metrics.gaussian_kl(np.array([m0]), np.array([[s0**2]]), np.array([m1]), np.array([[s1**2]]))
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # Scalars are accepted too.
+    assert metrics.gaussian_kl(m0, s0**2, m1, s1**2) == pytest.approx(got, rel=1e-14)
+
+
+def test_gaussian_kl_2d_against_monte_carlo():
+    """KL = E_0[log p0 - log p1]: N draws give SE = sd / sqrt(N); 5 SE."""
+    m0, S0 = np.array([0.5, -1.0]), np.array([[1.0, 0.6], [0.6, 2.0]])
+    m1, S1 = np.array([0.0, 0.0]), np.array([[2.0, -0.3], [-0.3, 0.5]])
+    rng = np.random.default_rng(2)
+    N = 200_000
+    x = rng.multivariate_normal(m0, S0, size=N)
+    log_ratio = stats.multivariate_normal(m0, S0).logpdf(x) - stats.multivariate_normal(m1, S1).logpdf(x)
+    got = metrics.gaussian_kl(m0, S0, m1, S1)
+    assert abs(got - log_ratio.mean()) < 5 * log_ratio.std(ddof=1) / np.sqrt(N)
+    assert got > 0
+
+
+def test_gaussian_kl_of_identical_gaussians_is_zero():
+    m, S = np.array([1.0, 2.0, 3.0]), np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 0.7]])
+    assert abs(metrics.gaussian_kl(m, S, m, S)) < 1e-13
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_gaussian_kl_rejects_singular_covariances(which):
+    v = np.array([[1.0], [2.0]])
+    singular = v @ v.T  # rank 1
+    good = np.eye(2)
+    covs = [good, good]
+    covs[which] = singular
+    with pytest.raises(ValueError, match="not positive definite"):
+        metrics.gaussian_kl(np.zeros(2), covs[0], np.zeros(2), covs[1])
+
+
+def test_coverage():
+    y = np.array([0.0, 1.0, 2.0, 3.0])
+    assert metrics.coverage(y, y - 0.5, y + 0.5) == 1.0
+    assert metrics.coverage(y, np.full(4, 0.5), np.full(4, 2.0)) == 0.5  # 1 and 2 inside; bounds inclusive
+    assert metrics.coverage(y, np.full(4, 1.0), np.full(4, 1.0)) == 0.25
