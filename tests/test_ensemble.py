@@ -38,6 +38,10 @@ class LinearProblem:
         self.rho = 1.0 - self.lam_min / self.lam_max
         self.steps = math.ceil(np.log(1e-11) / np.log(self.rho))
 
+    def train(self, key, **kwargs):
+        """ensemble.train on this problem; keyword arguments override or add to the common ones."""
+        return ensemble.train(key, self.model, self.Phi, self.y, **{"noise_var": NOISE_VAR, **kwargs})
+
     def b(self, pert):
         return np.asarray(pert.y) @ self.Phi / NOISE_VAR + np.asarray(pert.anchor["w"]) / PRIOR_VAR
 
@@ -75,12 +79,8 @@ def prob():
 def sgd_run(prob):
     k = 16
     snaps = (0, 1, 7, prob.steps)
-    res = ensemble.train(
+    res = prob.train(
         jax.random.key(0),
-        prob.model,
-        prob.Phi,
-        prob.y,
-        noise_var=NOISE_VAR,
         n_particles=k,
         opt=ensemble.optimizer("sgd", prob.h),
         steps=prob.steps,
@@ -212,12 +212,8 @@ def test_huge_step_size_raises_diverged_particles_error(prob):
 
 def test_bad_on_diverged_value(prob):
     with pytest.raises(ValueError, match="on_diverged"):
-        ensemble.train(
+        prob.train(
             jax.random.key(0),
-            prob.model,
-            prob.Phi,
-            prob.y,
-            noise_var=NOISE_VAR,
             n_particles=2,
             opt=ensemble.optimizer("sgd", prob.h),
             steps=1,
@@ -329,12 +325,8 @@ def test_lbfgs_converges_to_the_perturbed_maps(prob, linesearch):
 
 def test_adagrad_and_adam_run_and_approach_the_maps(prob):
     for opt in (ensemble.optimizer("adagrad", 0.5), ensemble.optimizer("adam", 0.05)):
-        res = ensemble.train(
+        res = prob.train(
             jax.random.key(6),
-            prob.model,
-            prob.Phi,
-            prob.y,
-            noise_var=NOISE_VAR,
             n_particles=5,
             opt=opt,
             steps=300,
@@ -348,12 +340,8 @@ def test_adagrad_and_adam_run_and_approach_the_maps(prob):
 def test_unperturbed_ensemble_converges_to_the_posterior_mean(prob):
     """Without perturbations every particle climbs the same log p(D, w): all reach the posterior mean."""
     k = 8
-    res = ensemble.train(
+    res = prob.train(
         jax.random.key(7),
-        prob.model,
-        prob.Phi,
-        prob.y,
-        noise_var=NOISE_VAR,
         n_particles=k,
         opt=ensemble.optimizer("sgd", prob.h),
         steps=prob.steps,
@@ -391,12 +379,8 @@ def test_one_flag_at_a_time(prob):
 
 
 def test_zero_steps(prob):
-    res = ensemble.train(
+    res = prob.train(
         jax.random.key(9),
-        prob.model,
-        prob.Phi,
-        prob.y,
-        noise_var=NOISE_VAR,
         n_particles=3,
         opt=ensemble.optimizer("sgd", prob.h),
         steps=0,
@@ -439,12 +423,8 @@ def test_chunking_and_progress_do_not_change_the_numbers(prob, steps, capsys):
 
 
 def test_float32_training_stays_float32(prob):
-    res = ensemble.train(
+    res = prob.train(
         jax.random.key(11),
-        prob.model,
-        prob.Phi,
-        prob.y,
-        noise_var=NOISE_VAR,
         n_particles=3,
         opt=ensemble.optimizer("sgd", prob.h),
         steps=prob.steps,
@@ -495,12 +475,8 @@ def test_per_point_noise_variance(prob):
 
 
 def test_snapshot_steps_are_sorted_and_deduplicated(prob):
-    res = ensemble.train(
+    res = prob.train(
         jax.random.key(13),
-        prob.model,
-        prob.Phi,
-        prob.y,
-        noise_var=NOISE_VAR,
         n_particles=2,
         opt=ensemble.optimizer("sgd", prob.h),
         steps=6,
