@@ -183,7 +183,7 @@ def projected_kl(post: LinearGaussian, samples: np.ndarray) -> float:
     k, r = z.shape
     if r >= k:
         raise ValueError(f"projected_kl needs more particles ({k}) than subspace dimensions ({r})")
-    return gaussian_kl(z.mean(0), np.cov(z, rowvar=False), post.mean_coords, np.diag(1 / post.lam))
+    return _kl_coords(post, z)
 
 
 def projected_kl_fn(post: LinearGaussian):
@@ -210,12 +210,12 @@ def projected_kl_fn(post: LinearGaussian):
 
 def projected_kl_path(post: LinearGaussian, coords: np.ndarray) -> np.ndarray:
     """:func:`projected_kl` along a path of already-projected particles ``coords`` ``(T, k, r)``."""
-    return np.array([_kl_coords(post, z) for z in np.asarray(coords, np.float64)])
+    coords = np.asarray(coords, np.float64)
+    return np.array([_kl_coords(post, z) if np.all(np.isfinite(z)) else np.inf for z in coords])
 
 
 def _kl_coords(post: LinearGaussian, z: np.ndarray) -> float:
-    if not np.all(np.isfinite(z)):
-        return float("inf")
+    """Gaussian KL of the moment-matched projected particles ``z`` ``(k, r)`` to the projected posterior."""
     return gaussian_kl(z.mean(0), np.cov(z, rowvar=False), post.mean_coords, np.diag(1 / post.lam))
 
 

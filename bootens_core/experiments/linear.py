@@ -79,8 +79,8 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
     )
     gd_emp_kl = np.asarray(gd_emp.records)
     gd_exact_same = linear.gd_population_kl(post, linear.gd_population(post, h_gd, np.arange(cfg.gd_steps + 1)))
-    reach = np.nonzero(gd_kl <= selfd.mean())[0]
-    gd_steps_to_selfdist = int(gd_steps[reach[0]]) if reach.size else None
+    reach = _first_below(gd_kl, selfd.mean())
+    gd_steps_to_selfdist = int(gd_steps[reach]) if reach is not None else None
 
     # --- Section 4.1: closed-form perturbed MAP samples have mean w_bar and covariance A^-1.
     km = cfg.n_map_samples
