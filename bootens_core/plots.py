@@ -17,7 +17,21 @@ from scipy import stats
 
 from .store import Result
 
-__all__ = ["STYLE", "COLORS", "univariate", "linear_stages", "linear_particles", "linear_kl"]
+__all__ = [
+    "STYLE",
+    "COLORS",
+    "univariate",
+    "linear_stages",
+    "linear_particles",
+    "linear_kl",
+    "toy_relu",
+    "toy_relu_kl",
+    "deep_relu_stages",
+    "deep_relu_agreement",
+    "deep_relu_faithful",
+    "theory_linear",
+    "theory_conditions",
+]
 
 STYLE: dict[str, Any] = {
     "figure.dpi": 110,
@@ -169,5 +183,201 @@ def linear_kl(result: Result) -> Figure:
     ax1.set_title(f"plain gradient ascent, h = 1/λmax = {s['gd_step_size']:.2g}")
     ax1.legend(frameon=False, loc="lower left")
     ax1.set_ylim(1e-3, 2 * max(float(np.nanmax(gd[np.isfinite(gd)])), float(np.nanmax(kl))))
+    fig.tight_layout()
+    return fig
+
+
+def _band(ax, xg, f, color, label):
+    """Mean and central 95% band of predictive functions ``f`` ``(k, n_x)``."""
+    lo, hi = np.percentile(f, [2.5, 97.5], axis=0)
+    ax.fill_between(xg, lo, hi, color=color, alpha=0.18, lw=0)
+    ax.plot(xg, f.mean(0), color=color, lw=1.3, label=label)
+
+
+@_styled
+def toy_relu(result: Result, n_lines: int = 200) -> Figure:
+    """Figure 4: predictive functions (ensemble, MH) and the bivariate weight densities (KDEs, exact)."""
+    x, y, xg = result["x"], result["y"], result["x_grid"]
+    m, sd = result["exact_mean"], result["exact_sd"]
+    axis = result["grid_axis"]
+    fig, axes = plt.subplots(1, 5, figsize=(13.5, 2.8))
+    for ax, f, title, color in (
+        (axes[0], result["f_ensemble"], "ensemble, 200 particles", COLORS["particles"]),
+        (axes[1], result["f_mh"], "Metropolis-Hastings, 200 samples", COLORS["paper"]),
+    ):
+        ax.plot(xg, f[:n_lines].T, color=color, alpha=0.07, lw=0.7)
+        ax.plot(xg, m, color="black", lw=1.1, label="exact mean")
+        ax.plot(xg, m - 1.96 * sd, color="black", lw=0.8, ls="--", label="exact ± 1.96 sd")
+        ax.plot(xg, m + 1.96 * sd, color="black", lw=0.8, ls="--")
+        ax.plot(x, y, "o", ms=2.2, color=COLORS["data"])
+        ax.set_title(title)
+        ax.set_xlabel("x")
+    axes[0].set_ylabel("f(x)")
+    axes[0].legend(frameon=False, loc="upper center")
+    axes[1].sharey(axes[0])
+    for ax, logd, title, pts in (
+        (axes[2], result["log_ensemble"], "ensemble (KDE)", result["particles"]),
+        (axes[3], result["log_mh"], "MH (KDE)", result["mh_w"]),
+        (axes[4], result["log_exact"], "exact posterior (grid)", None),
+    ):
+        dens = np.exp(logd).T  # rows = w2
+        # Each panel on its own scale (8 levels up to its peak): the KDEs are much flatter than the truth.
+        ax.contourf(axis, axis, dens, levels=np.linspace(0, dens.max(), 9)[1:], cmap="Blues", extend="max")
+        if pts is not None:
+            ax.plot(pts[:, 0], pts[:, 1], ".", ms=1.5, color="black", alpha=0.5)
+        ax.set_title(title)
+        ax.set_xlabel("w1")
+        ax.set_aspect("equal")
+        lim = 3.0
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+    axes[2].set_ylabel("w2")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def toy_relu_kl(result: Result) -> Figure:
+    """Figure 4 (last panel): KL(q_t || p) along Algorithm 1, against MH (the paper's) and the exact posterior."""
+    s = result.summary
+    t = result["kl_steps"]
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    ax.plot(t, result["kl_vs_mh"], color=COLORS["paper"], label="vs MH (the paper's estimate)")
+    ax.plot(t, result["kl_vs_exact"], color=COLORS["posterior"], label="vs exact posterior")
+    ax.axhline(s["kl_mh_vs_exact"], color=COLORS["paper"], ls=":", lw=1.1, label="MH samples vs exact")
+    lo = s["kde_self_distance_mean"] - 2 * s["kde_self_distance_sd"]
+    hi = s["kde_self_distance_mean"] + 2 * s["kde_self_distance_sd"]
+    ax.axhspan(max(lo, 1e-4), hi, color="red", alpha=0.12, lw=0)
+    ax.axhline(s["kde_self_distance_mean"], color="red", ls=":", lw=1.1,
+               label="200 exact samples vs exact (mean ± 2 sd)")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("KL(KDE(q_t) || p)")
+    ax.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def deep_relu_stages(result: Result, n_lines: int = 200) -> Figure:
+    """Figure 3: 200 particles' functions at the optimisation stages, and the NUTS reference."""
+    x, y, xg = result["x"], result["y"], result["x_grid"]
+    stages, fs = result["stages"], result["f_stages"]
+    panels = [(f"step {t}", fs[i][:n_lines], COLORS["particles"]) for i, t in enumerate(stages)]
+    panels.append(("NUTS reference", result["f_nuts"][:n_lines], COLORS["paper"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.3 * len(panels), 2.5), sharex=True, sharey=True)
+    for ax, (title, lines, color) in zip(axes, panels, strict=True):
+        ax.plot(xg, lines.T, color=color, alpha=0.06, lw=0.7)
+        ax.plot(x, y, "o", ms=2.0, color=COLORS["data"])
+        ax.set_title(title)
+        ax.set_xlabel("x")
+        ax.set_ylim(*_ylim(result))
+    axes[0].set_ylabel("f(x)")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def deep_relu_agreement(result: Result) -> Figure:
+    """Ensemble vs NUTS on the x grid: mean and 95% bands, and the ratio of predictive standard deviations."""
+    x, y, xg = result["x"], result["y"], result["x_grid"]
+    f_q, f_r = result["f_stages"][-1], result["f_nuts"]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.5, 2.9))
+    _band(ax0, xg, f_r, COLORS["paper"], "NUTS mean, 95% band")
+    _band(ax0, xg, f_q, COLORS["particles"], "ensemble mean, 95% band")
+    ax0.plot(x, y, "o", ms=2.0, color=COLORS["data"])
+    ax0.set_ylim(*_ylim(result))
+    ax0.set_xlabel("x")
+    ax0.set_ylabel("f(x)")
+    ax0.legend(frameon=False, loc="lower right")
+    ratio = f_q.std(0, ddof=1) / f_r.std(0, ddof=1)
+    ax1.plot(xg, ratio, color=COLORS["particles"])
+    ax1.axhline(1, color="black", lw=0.8, ls=":")
+    for xi in x:
+        ax1.axvline(xi, color=COLORS["data"], lw=0.4, alpha=0.3)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("x (grey: data)")
+    ax1.set_ylabel("sd ensemble / sd NUTS")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def deep_relu_faithful(result: Result, n_lines: int = 50) -> Figure:
+    """The paper's setting: prior functions under N(0, 1) weights vs the deviation prior, and MH's log density."""
+    xg = result["x_grid"]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
+    axes[0].plot(xg, result["f_prior_faithful"][:n_lines].T, color=COLORS["prior"], alpha=0.4, lw=0.7)
+    axes[0].set_title("prior functions, weights N(0, 1)")
+    axes[1].plot(xg, result["f_prior"][:n_lines].T, color=COLORS["particles"], alpha=0.4, lw=0.7)
+    axes[1].set_title("prior functions, weights N(0, 2/fan_in)")
+    for ax in axes[:2]:
+        ax.set_xlabel("x")
+        ax.set_ylabel("f(x)")
+    ld = result["mh_faithful_log_density"]
+    draws = np.arange(ld.shape[1])
+    axes[2].plot(draws, ld.T, lw=0.9)
+    axes[2].set_yscale("symlog")
+    axes[2].set_xlabel("kept draw")
+    axes[2].set_ylabel("log p(D, θ)")
+    axes[2].set_title("paper's MH (N(0, 0.01 I)), faithful prior")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def theory_linear(result: Result) -> Figure:
+    """The linear model: the exact first-order KL change per unit step, the particles' score-based estimate,
+    and Theorem 1's expression (measured and its exact expectation); right: the same without perturbations."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, name, title in ((axes[0], "linear", "Algorithm 1 (perturbed)"),
+                            (axes[1], "unperturbed", "unperturbed ensemble")):
+        t = result[f"{name}__steps"]
+        ax.plot(t, result[f"{name}__exact_rate"], color="black", lw=1.6, label="exact dKL/dh (closed form)")
+        se = result[f"{name}__score_rate_se"]
+        ax.errorbar(t, result[f"{name}__score_rate"], yerr=2 * se, fmt="o", ms=2.5, color=COLORS["posterior"],
+                    label="particles: E[g·(∇log q − ∇log p)] ± 2 se")
+        ax.plot(t, result[f"{name}__exact_t1_rate"], color=COLORS["law"], ls="--",
+                label="Theorem 1 expression, expectation")
+        ax.plot(t, result[f"{name}__t1_rate"], "x", ms=3, color=COLORS["law"], label="Theorem 1 expression, particles")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_xlim(-0.3, t.max() * 1.2)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+    axes[0].set_ylabel("directional derivative of KL(q_t || p)")
+    axes[0].legend(frameon=False, fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def theory_conditions(result: Result) -> Figure:
+    """For every setting: the two sides of Theorem 1 along Algorithm 1 (top) and Theorem 2's curvature term
+    beside the left-hand sides of the paper's and the corrected Theorem 2 (bottom)."""
+    names = [n for n in ("linear", "relu", "tanh", "unperturbed") if f"{n}__steps" in result.arrays]
+    fig, axes = plt.subplots(2, len(names), figsize=(3.1 * len(names), 5.2), squeeze=False)
+    for j, name in enumerate(names):
+        t = result[f"{name}__steps"]
+        ax = axes[0, j]
+        ax.plot(t, result[f"{name}__t1_lhs"], color=COLORS["particles"], label="E[∇log p·∇log p̃]")
+        ax.plot(t, result[f"{name}__t1_rhs"], color=COLORS["law"], ls="--", label="−E[tr H log p̃]")
+        ax.set_title(name)
+        ax2 = axes[1, j]
+        ax2.plot(t, result[f"{name}__t2_paper_lhs"], color=COLORS["particles"], label="E‖∇log p̃‖² (paper)")
+        ax2.plot(t, result[f"{name}__t2_corrected_lhs"], color=COLORS["posterior"], label="E‖∇log p‖² (corrected)")
+        ax2.plot(t, result[f"{name}__t2_corrected_rhs"], color=COLORS["law"], ls="--", label="corrected r.h.s.")
+        curv = result[f"{name}__curvature"]
+        ax2.plot(t, np.abs(curv), color=COLORS["gd"], ls=":", label="|curvature term|")
+        for a in (ax, ax2):
+            a.set_xscale("symlog", linthresh=1)
+            a.set_yscale("symlog", linthresh=1)
+            a.set_xlim(-0.3, t.max() * 1.2)
+            a.set_xlabel("step")
+    axes[0, 0].set_ylabel("Theorem 1 sides")
+    axes[1, 0].set_ylabel("Theorem 2 terms")
+    axes[0, 0].legend(frameon=False, fontsize=7)
+    axes[1, 0].legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig

@@ -76,3 +76,40 @@ LIN = {
 def test_linear_verdicts(change, kl, map_):
     v = report.linear_verdicts({**LIN, **change})
     assert str(v["kl"]) == kl and str(v["map"]) == map_
+
+
+def _toy(**kw):
+    s = {"kde_self_distance_sd": 0.1, "kde_self_distance_mean": 6.0, "kl_max_increase": 0.1, "rhat_max": 1.01,
+         "rhat_iid_q99": 1.05, "kl_final_vs_exact": 6.1}
+    s.update(kw)
+    return {k: str(v) for k, v in report.toy_relu_verdicts(s).items()}
+
+
+def test_toy_relu_verdicts_follow_their_rules():
+    v = _toy()
+    assert v == {"kl": "reproduced", "rhat": "reproduced", "posterior": "the exact posterior"}
+    assert _toy(kl_max_increase=0.21)["kl"].startswith("NOT")  # a rise above 2 sd of the estimator
+    assert _toy(rhat_max=1.06)["rhat"].startswith("NOT")
+    assert _toy(kl_final_vs_exact=6.3)["posterior"].startswith("NOT")
+
+
+def test_deep_relu_verdicts_follow_their_rules():
+    ok = {"rhat_max": 1.05, "band_coverage": 0.9, "sd_ratio_median": 1.3}
+    assert {k: str(v) for k, v in report.deep_relu_verdicts(ok).items()} == {
+        "reference": "converged", "agreement": "reproduced"}
+    assert str(report.deep_relu_verdicts({**ok, "rhat_max": 1.2})["reference"]).startswith("NOT")
+    assert str(report.deep_relu_verdicts({**ok, "sd_ratio_median": 2.5})["agreement"]).startswith("NOT")
+    assert str(report.deep_relu_verdicts({**ok, "band_coverage": 0.7})["agreement"]).startswith("NOT")
+
+
+def test_theory_verdicts_follow_their_rules():
+    s = {"lemma1_z_paper_abs_max": 100.0, "lemma1_z_corrected_abs_max": 1.0,
+         "linear": {"max_z_vs_exact_kl_rate": 2.0, "theorem1_max_z_vs_exact_kl_rate": 50.0}}
+    v = {k: str(x) for k, x in report.theory_verdicts(s).items()}
+    assert v["lemma1"].startswith("sign error")
+    assert v["linear_rate"] == "matches the exact rate"
+    assert v["theorem1_linear"].startswith("is NOT")
+    s["linear"]["theorem1_max_z_vs_exact_kl_rate"] = 2.0
+    assert str(report.theory_verdicts(s)["theorem1_linear"]) == "matches the KL rate"
+    s["lemma1_z_corrected_abs_max"] = 6.0
+    assert str(report.theory_verdicts(s)["lemma1"]) == "not settled"

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Regression1D", "univariate", "trig_regression", "trig_frequencies"]
+__all__ = ["Regression1D", "univariate", "trig_regression", "trig_frequencies", "toy_relu"]
 
 
 class Regression1D(NamedTuple):
@@ -48,3 +48,15 @@ def trig_regression(key: jax.Array, n: int, noise_var: float) -> Regression1D:
 def trig_frequencies(key: jax.Array, n_features: int, lengthscale: float) -> np.ndarray:
     """The fixed frequencies ``omega ~ N(0, l^2)`` of the trigonometric features (Appendix, l = 1.6)."""
     return lengthscale * np.asarray(jax.random.normal(key, (n_features,), jnp.float64))
+
+
+def toy_relu(
+    key: jax.Array, n: int, w_true: tuple[float, float], noise_var: float, half_width: float
+) -> Regression1D:
+    """Figure 4's data: ``y = ReLU(w1 x) + ReLU(w2 x) + N(0, noise_var)``, ``x ~ U(-half_width, half_width)``."""
+    k_x, k_eps = jax.random.split(key)
+    x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, -half_width, half_width)))
+    f = np.maximum(w_true[0] * x, 0) + np.maximum(w_true[1] * x, 0)
+    y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
+    desc = f"y = ReLU({w_true[0]:g} x) + ReLU({w_true[1]:g} x) + N(0, {noise_var:g}), x ~ U(-{half_width:g}, {half_width:g})"
+    return Regression1D(x, y, desc)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import linear, univariate
+from . import deep_relu, linear, theory, toy_relu, univariate
 
-__all__ = ["REGISTRY", "get", "linear", "univariate"]
+__all__ = ["REGISTRY", "get", "linear", "univariate", "toy_relu", "deep_relu", "theory"]
 
-REGISTRY: dict[str, ModuleType] = {m.NAME: m for m in (univariate, linear)}
+REGISTRY: dict[str, ModuleType] = {m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory)}
 
 
 def get(name: str) -> ModuleType:

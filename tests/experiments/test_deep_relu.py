@@ -1,0 +1,59 @@
+"""experiments.deep_relu (Figure 3): the agreement statistics against hand computations, and a tiny run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from bootens_core.config import DeepReluConfig
+from bootens_core.experiments import deep_relu
+
+
+def test_agreement_of_identical_sets_is_perfect():
+    f = np.random.default_rng(0).normal(size=(500, 7))
+    a = deep_relu.agreement(f, f)
+    assert a["mean_abs_diff_mean"] == 0
+    assert a["sd_ratio_median"] == 1
+    assert a["band_coverage"] == 1
+    assert a["inside_ref_band"] == pytest.approx(0.95, abs=0.01)
+
+
+def test_agreement_by_hand():
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(4000, 3))
+    q = 0.5 + 2.0 * rng.normal(size=(4000, 3))
+    a = deep_relu.agreement(q, ref)
+    assert a["mean_abs_diff_mean"] == pytest.approx(0.5, abs=0.1)
+    assert a["sd_ratio_median"] == pytest.approx(2.0, rel=0.05)
+    assert a["band_coverage"] == pytest.approx(1.0)  # the wider band contains the narrower one
+    narrow = deep_relu.agreement(ref, q)["band_coverage"]
+    assert narrow == pytest.approx(0.5, abs=0.05)  # half as wide, nearly centred
+
+
+def test_agreement_shape_errors():
+    with pytest.raises(ValueError, match="same grid"):
+        deep_relu.agreement(np.zeros((3, 4)), np.zeros((3, 5)))
+
+
+@pytest.mark.slow
+def test_tiny_run_has_the_contract_keys():
+    cfg = dataclasses.replace(
+        DeepReluConfig.quick(), depth=2, width=8, mh_burn_in=50, mh_thin=5, mh_draws=10, mh_chains=2,
+        nuts_chains=2, nuts_warmup=50, nuts_draws=20, nuts_max_tree_depth=5, n_particles=20, steps=30,
+        stages=(0, 30), x_grid_points=15,
+    )
+    res = deep_relu.run(jax.random.key(0), cfg, use_cache=False)
+    s = res.summary
+    for k in ("rhat_max", "mean_abs_diff_mean", "sd_ratio_median", "band_coverage"):
+        assert np.isfinite(s[k]), k
+    assert res["f_stages"].shape == (2, 20, 15)
+    assert res["f_nuts"].shape == (40, 15)
+    assert 0 <= s["mh_faithful_accept_rate"] <= 1
+    from bootens_core import plots
+    from tests.test_plots import render
+
+    for fig in (plots.deep_relu_stages(res), plots.deep_relu_agreement(res), plots.deep_relu_faithful(res)):
+        assert render(fig).startswith(b"\x89PNG")
