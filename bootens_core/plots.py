@@ -347,7 +347,7 @@ def theory_linear(result: Result) -> Figure:
         ax.set_xlabel("step")
         ax.set_title(title)
     axes[0].set_ylabel("directional derivative of KL(q_t || p)")
-    axes[0].legend(frameon=False, fontsize=7, loc="lower right")
+    axes[0].legend(frameon=False, fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
 
