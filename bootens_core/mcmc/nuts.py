@@ -1,0 +1,117 @@
+"""NumPyro's NUTS on a model's flat log joint."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..models import Model, Params
+from ._common import MCMCResult, _check_initial, _count, _flat_init, _prepare, _unravel_draws, log_density_fn
+
+__all__ = ["nuts_model"]
+
+
+def nuts_model(
+    key: jax.Array,
+    model: Model,
+    x: Any,
+    y: Any,
+    *,
+    noise_var: float | Any,
+    n_chains: int,
+    n_warmup: int,
+    n_draws: int,
+    target_accept: float = 0.8,
+    max_tree_depth: int = 10,
+    init: Params | None = None,
+    progress: bool = False,
+    dtype: Any = jnp.float64,
+) -> MCMCResult:
+    """NumPyro's NUTS on the posterior of ``model``, with ``potential_fn = -log p(D, theta)`` on flat vectors.
+
+    Chains start at independent prior draws unless ``init`` is given, adapt step size and a diagonal mass
+    matrix during ``n_warmup`` steps, and run vectorised on one device (``chain_method="vectorized"``).
+
+    Args:
+        key: PRNG key, split into the initialisation key and the sampler's key.
+        model, x, y, noise_var, n_chains, init, dtype: as in :func:`metropolis_model`.
+        n_warmup: adaptation steps (discarded).
+        n_draws: kept draws per chain (no thinning).
+        target_accept: target mean acceptance probability of the step-size adaptation.
+        max_tree_depth: maximal depth of the NUTS trees (at most ``2**max_tree_depth - 1`` leapfrog steps).
+        progress: show NumPyro's progress bar.
+    """
+    with warnings.catch_warnings():
+        # numpyro imports tqdm.auto, which warns in a notebook kernel without ipywidgets.
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from numpyro.infer import MCMC, NUTS
+
+    n_chains = _count("n_chains", n_chains, 1)
+    n_warmup = _count("n_warmup", n_warmup, 0)
+    n_draws = _count("n_draws", n_draws, 1)
+    max_tree_depth = _count("max_tree_depth", max_tree_depth, 1)
+    target_accept = float(target_accept)
+    if not 0 < target_accept < 1:
+        raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
+    k_init, k_sampler = jax.random.split(key)
+    x, y, noise_var = _prepare(x, y, noise_var, dtype)
+    log_density, _ = log_density_fn(model, x, y, noise_var)
+    flat0 = _flat_init(k_init, model, init, n_chains, dtype)
+    _check_initial(np.asarray(jax.jit(jax.vmap(log_density))(flat0)))
+
+    # NumPyro draws momenta in JAX's default float dtype (float64 under x64) and would mix them with float32
+    # positions; its state stays in the default dtype and the model is evaluated in ``dtype``.
+    state_dtype = jnp.result_type(float)
+    flat0 = flat0.astype(state_dtype)
+
+    def potential(theta: jax.Array) -> jax.Array:
+        return -log_density(theta.astype(dtype)).astype(state_dtype)
+
+    kernel = NUTS(potential_fn=potential, target_accept_prob=target_accept, max_tree_depth=max_tree_depth)
+    sampler = MCMC(
+        kernel,
+        num_warmup=n_warmup,
+        num_samples=n_draws,
+        num_chains=n_chains,
+        chain_method="vectorized",
+        progress_bar=bool(progress),
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not enough devices.*")
+        sampler.run(
+            k_sampler,
+            init_params=flat0,
+            extra_fields=("diverging", "accept_prob", "num_steps", "potential_energy"),
+        )
+    samples = np.asarray(sampler.get_samples(group_by_chain=True)).astype(dtype)
+    extra = sampler.get_extra_fields(group_by_chain=True)
+    step_size = np.asarray(sampler.last_state.adapt_state.step_size, np.float64).reshape(n_chains)
+    diverging = np.asarray(extra["diverging"]).reshape(n_chains, n_draws)
+    num_steps = np.asarray(extra["num_steps"], np.float64).reshape(n_chains, n_draws)
+    accept = np.asarray(extra["accept_prob"], np.float64).reshape(n_chains, n_draws)
+    info = {
+        "step_size": step_size.tolist(),
+        "n_divergent": diverging.sum(axis=1).astype(int).tolist(),
+        "mean_num_steps": num_steps.mean(axis=1).tolist(),
+        "max_tree_depth": max_tree_depth,
+        "target_accept": target_accept,
+        "n_warmup": n_warmup,
+    }
+    description = (
+        f"NUTS (NumPyro), target accept {target_accept:g}, max tree depth {max_tree_depth}, "
+        f"{n_chains} chains, warm-up {n_warmup}, {n_draws} draws"
+    )
+    return MCMCResult(
+        params=_unravel_draws(model, samples),
+        log_density=-np.asarray(extra["potential_energy"]).reshape(n_chains, n_draws).astype(dtype),
+        accept_rate=accept.mean(axis=1),
+        info=info,
+        sampler=description,
+    )
+
+
+# ------------------------------------------------------------------------------------------ diagnostics
