@@ -36,6 +36,7 @@ __all__ = [
     "cache_key",
     "save",
     "load",
+    "load_record",
     "cached",
     "provenance",
 ]
@@ -201,6 +202,23 @@ def load(directory: str | os.PathLike[str]) -> Result:
         )
     except (json.JSONDecodeError, KeyError, OSError, ValueError) as exc:
         raise ValueError(f"result directory {d} is corrupt ({exc}); delete it or rerun with --force") from exc
+
+
+def load_record(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``(summary, provenance)`` of a result directory, without its arrays.
+
+    For the committed records of paper-scale runs under ``results/paper/``, which keep only the small files.
+    """
+    d = Path(directory)
+    missing = [f for f in ("summary.json", "provenance.json") if not (d / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"result record {d} lacks {', '.join(missing)}")
+    try:
+        summary = _restore_non_finite(json.loads((d / "summary.json").read_text()))
+        prov = json.loads((d / "provenance.json").read_text())
+    except (json.JSONDecodeError, OSError) as exc:
+        raise ValueError(f"result record {d} is corrupt ({exc})") from exc
+    return summary, prov
 
 
 def cached(

@@ -266,3 +266,22 @@ def test_cached_records_provenance(cache):
     assert r.config == as_dict(CFG)
     loaded = store.load(cache / "demo" / r.provenance["cache_key"])
     assert loaded.name == "demo" and loaded.provenance == r.provenance
+
+
+def test_load_record_reads_summary_and_provenance_without_arrays(tmp_path):
+    res = store.Result(name="x", config={"a": 1}, arrays={"v": np.arange(3)}, summary={"k": float("inf"), "n": 2},
+                       provenance={"device": {"kind": "cpu"}})
+    where = store.save(res, tmp_path / "x")
+    (where / "arrays.npz").unlink()  # committed records keep only the small files
+    summary, prov = store.load_record(where)
+    assert summary == {"k": float("inf"), "n": 2}
+    assert prov["device"] == {"kind": "cpu"} and prov["name"] == "x"
+
+
+def test_load_record_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="lacks summary.json, provenance.json"):
+        store.load_record(tmp_path)
+    (tmp_path / "summary.json").write_text("{")
+    (tmp_path / "provenance.json").write_text("{}")
+    with pytest.raises(ValueError, match="corrupt"):
+        store.load_record(tmp_path)

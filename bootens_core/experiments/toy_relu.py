@@ -17,13 +17,19 @@ from .. import density, ensemble, mcmc, models, store
 from ..config import ToyReluConfig
 from ..data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "QUADRANTS"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "QUADRANTS", "RECORD_KEYS", "rhat_null_quantile"]
 
 NAME = "toy-relu"
 DESCRIPTION = "Toy ReLU network (2 weights): ensemble vs Metropolis-Hastings vs the exact grid posterior, KL curve"
 ARTEFACTS = ("Figure 4",)
 Config = ToyReluConfig
 QUADRANTS = ("w1>0, w2>0", "w1>0, w2<0", "w1<0, w2>0", "w1<0, w2<0")
+# The summary numbers a chapter shows side by side for two runs (e.g. quick profile vs a committed paper run).
+RECORD_KEYS = (
+    "kl_steps_evaluated", "kl_monotone_fraction", "kl_max_increase", "kl_max_increase_step",
+    "kl_monotone_fraction_exact", "kl_max_increase_exact", "kl_min_vs_exact_step", "kl_settled_step",
+    "kl_final_vs_mh", "kl_final_vs_exact", "kl_mh_vs_exact", "rhat_max", "ess_min",
+)
 
 
 def run(
