@@ -1,5 +1,5 @@
-"""Datasets: the synthetic data of each figure (:mod:`.synthetic`); the UCI loader comes with the UCI chapter."""
+"""Datasets: the synthetic data of each figure (:mod:`.synthetic`) and the UCI benchmark (:mod:`.uci`)."""
 
-from . import synthetic
+from . import synthetic, uci
 
-__all__ = ["synthetic"]
+__all__ = ["synthetic", "uci"]

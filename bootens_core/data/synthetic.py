@@ -58,5 +58,6 @@ def toy_relu(
     x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, -half_width, half_width)))
     f = np.maximum(w_true[0] * x, 0) + np.maximum(w_true[1] * x, 0)
     y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
-    desc = f"y = ReLU({w_true[0]:g} x) + ReLU({w_true[1]:g} x) + N(0, {noise_var:g}), x ~ U(-{half_width:g}, {half_width:g})"
+    desc = (f"y = ReLU({w_true[0]:g} x) + ReLU({w_true[1]:g} x) + N(0, {noise_var:g}), "
+            f"x ~ U(-{half_width:g}, {half_width:g})")
     return Regression1D(x, y, desc)
