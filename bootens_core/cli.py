@@ -3,6 +3,7 @@
     bootens list
     bootens run univariate --profile quick --out results/
     bootens run linear --profile paper --out results/ --force
+    bootens run uci --profile paper --datasets boston yacht --methods ensemble-1 gp --workers 2
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
 summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes.
@@ -38,12 +39,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"bootens: {exc.args[0]}", file=sys.stderr)
         return 2
     cfg = config.for_profile(mod.Config, args.profile)
-    if args.seed is not None:
-        import dataclasses
+    import dataclasses
 
-        cfg = dataclasses.replace(cfg, seed=args.seed)
+    overrides = {"seed": args.seed, "datasets": args.datasets, "methods": args.methods, "workers": args.workers}
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name not in fields:
+            print(f"bootens: {mod.NAME} does not take --{name}", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
+    for item in args.set or []:
+        name, sep, text = item.partition("=")
+        if not sep or name not in fields:
+            print(f"bootens: --set takes FIELD=VALUE with a field of {type(cfg).__name__}, got {item!r}",
+                  file=sys.stderr)
+            return 2
+        current = getattr(cfg, name)
+        try:
+            value = json.loads(text) if not isinstance(current, str) else text
+            if isinstance(current, tuple):
+                value = tuple(value)
+            elif isinstance(current, bool) or type(current) in (int, float):
+                value = type(current)(value)
+        except (ValueError, TypeError):
+            print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__})", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, **{name: value})
     key = jax.random.key(cfg.seed)
-    result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
+    try:
+        result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
     result.provenance["profile"] = config.profile(args.profile)
     where = store.save(result, f"{args.out}/{mod.NAME}")
     if not args.quiet:
@@ -66,12 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--force", action="store_true", help="recompute even if a cached result exists")
     p_run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     p_run.add_argument("--quiet", action="store_true", help="no progress bars, no summary on stdout")
+    p_run.add_argument("--datasets", nargs="+", default=None, help="uci: datasets to run (default: the profile's)")
+    p_run.add_argument("--methods", nargs="+", default=None, help="uci: method ids, e.g. ensemble-1 ensemble-4 gp")
+    p_run.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override a config field (JSON value), e.g. --set n_particles=50; repeatable")
+    p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads)")
     p_run.set_defaults(fn=_cmd_run)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except KeyboardInterrupt:
-        print("bootens: interrupted; nothing partial was written", file=sys.stderr)
+        print("bootens: interrupted; no partial result was written (uci keeps its finished cells and resumes "
+              "from them on the next run)", file=sys.stderr)
         return 130
 
 

@@ -226,6 +226,32 @@ def _particle_step(model: Model, opt: Optimizer):
     return step
 
 
+_RUNNERS: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_RUNNERS_MAX = 32
+
+
+def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
+    """The compiled scan driver, cached by (model function, optimizer, record, snapshots).
+
+    Data, labels, replicates and the noise variance are arguments, so repeated calls with the same model
+    and optimizer objects (a grid search over ``noise_var``, one call per split) reuse one compilation per
+    data shape instead of recompiling.
+    """
+    cache_key = (model.apply, opt.tx, record, with_snapshots)
+    try:
+        return _RUNNERS[cache_key]
+    except (KeyError, TypeError):
+        pass
+    runner = _make_chunk_runner(model, opt, record, with_snapshots)
+    try:
+        if len(_RUNNERS) >= _RUNNERS_MAX:
+            _RUNNERS.pop(next(iter(_RUNNERS)))
+        _RUNNERS[cache_key] = runner
+    except TypeError:  # an unhashable record function: no caching
+        pass
+    return runner
+
+
 def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
     step_all = jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
 
@@ -336,7 +362,7 @@ def train(
         if snaps[0] == 0:
             buf = jax.tree.map(lambda b, p: b.at[0].set(p), buf, state.params)
 
-    runner = _make_chunk_runner(model, opt, record, with_snapshots)
+    runner = _chunk_runner(model, opt, record, with_snapshots)
     losses, recs = [], []
     bar = None
     if progress and n_chunks:

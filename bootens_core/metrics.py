@@ -7,9 +7,9 @@ computed with log-sum-exp (never the average of per-particle log densities).
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import logsumexp
+from scipy.special import logsumexp, ndtr
 
-__all__ = ["rmse", "mixture_mnll", "gaussian_kl", "coverage"]
+__all__ = ["rmse", "mixture_mnll", "mixture_cdf", "mixture_coverage", "gaussian_kl", "coverage"]
 
 
 def rmse(y: np.ndarray, pred_mean: np.ndarray) -> float:
@@ -31,6 +31,31 @@ def mixture_mnll(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray) ->
     var = np.broadcast_to(np.asarray(noise_var, float), y.shape)
     logp = -0.5 * ((y[None] - f) ** 2 / var[None] + np.log(2 * np.pi * var)[None])
     return float(-np.mean(logsumexp(logp, axis=0) - np.log(f.shape[0])))
+
+
+def mixture_cdf(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray) -> np.ndarray:
+    """``F(y_i) = 1/k sum_j Phi((y_i - f_ji) / sqrt(noise_var_i))``: the predictive mixture's CDF at each label.
+
+    ``f`` has shape ``(k, n)``; ``noise_var`` is a scalar or one variance per point.
+    """
+    y, f = np.asarray(y, float), np.asarray(f, float)
+    if f.ndim != 2 or f.shape[1] != y.shape[0]:
+        raise ValueError(f"f must have shape (k, n) with n = {y.shape[0]}, got {f.shape}")
+    sd = np.sqrt(np.broadcast_to(np.asarray(noise_var, float), y.shape))
+    return np.mean(ndtr((y[None] - f) / sd[None]), axis=0)
+
+
+def mixture_coverage(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray, level: float = 0.95) -> float:
+    """Share of labels inside the central ``level`` interval of their predictive mixture.
+
+    ``y_i`` lies inside the interval between the mixture's ``(1 - level)/2`` and ``(1 + level)/2`` quantiles
+    exactly when its CDF value does, so no quantile has to be solved for.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    u = mixture_cdf(y, f, noise_var)
+    lo = (1 - level) / 2
+    return float(np.mean((u >= lo) & (u <= 1 - lo)))
 
 
 def gaussian_kl(m0: np.ndarray, S0: np.ndarray, m1: np.ndarray, S1: np.ndarray) -> float:

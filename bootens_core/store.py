@@ -53,6 +53,8 @@ class Result:
     arrays: dict[str, np.ndarray]
     summary: dict[str, Any]
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Extra text files written beside the summary, e.g. ``{"cells.csv": ...}`` (names end in .csv).
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __getitem__(self, item: str) -> np.ndarray:
         return self.arrays[item]
@@ -169,6 +171,10 @@ def save(result: Result, directory: str | os.PathLike[str]) -> Path:
             json.dumps(_jsonable({"name": result.name, **result.provenance}), indent=2, sort_keys=True) + "\n"
         )
         np.savez_compressed(tmp / "arrays.npz", **result.arrays)
+        for fname, text in result.files.items():
+            if "/" in fname or not fname.endswith(".csv"):
+                raise ValueError(f"extra result files must be plain *.csv names, got {fname!r}")
+            (tmp / fname).write_text(text)
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)
@@ -199,6 +205,7 @@ def load(directory: str | os.PathLike[str]) -> Result:
             arrays=arrays,
             summary=_restore_non_finite(json.loads((d / "summary.json").read_text())),
             provenance=prov,
+            files={p.name: p.read_text() for p in sorted(d.glob("*.csv"))},
         )
     except (json.JSONDecodeError, KeyError, OSError, ValueError) as exc:
         raise ValueError(f"result directory {d} is corrupt ({exc}); delete it or rerun with --force") from exc

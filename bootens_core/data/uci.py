@@ -42,6 +42,7 @@ __all__ = [
     "path",
     "n_splits",
     "load",
+    "standardisation",
     "regenerate_split",
 ]
 
@@ -193,17 +194,28 @@ def load(name: str, split: int, data_dir: str | os.PathLike[str] | None = None) 
     train = _read_ints(path(name, f"index_train_{split}.txt", d))
     test = _read_ints(path(name, f"index_test_{split}.txt", d))
     x, y = data[:, features], data[:, target]
-    x_mean, x_std = x[train].mean(0), x[train].std(0)
-    # Constant training columns (Naval's T1 and P1) are only centred. Their computed sd is round-off
-    # (2e-13 for P1), not 0, so they are found by their range.
-    x_std = np.where(np.ptp(x[train], axis=0) > 0, x_std, 1.0)
-    y_mean, y_std = float(y[train].mean()), float(y[train].std())
+    x_mean, x_std, y_mean, y_std = standardisation(x[train], y[train])
     return UCISplit(
         name=name, split=split,
         x_train=(x[train] - x_mean) / x_std, y_train=(y[train] - y_mean) / y_std,
         x_test=(x[test] - x_mean) / x_std, y_test=(y[test] - y_mean) / y_std,
         x_mean=x_mean, x_std=x_std, y_mean=y_mean, y_std=y_std, train_index=train, test_index=test,
     )
+
+
+def standardisation(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """``(x_mean, x_std, y_mean, y_std)`` of the rows a model is fitted on (population sd, as upstream).
+
+    Constant columns (Naval's T1 and P1) are only centred: their sd is set to 1. Their computed sd is
+    round-off (2e-13 for P1), not 0, so they are found by their range.
+    """
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    x_mean, x_std = x.mean(0), x.std(0)
+    x_std = np.where(np.ptp(x, axis=0) > 0, x_std, 1.0)
+    y_std = float(y.std())
+    if not y_std > 0:
+        raise UCIDataError("the training labels are constant: they cannot be standardised")
+    return x_mean, x_std, float(y.mean()), y_std
 
 
 def regenerate_split(n_rows: int, split: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import deep_relu, linear, theory, toy_relu, univariate
+from . import deep_relu, linear, theory, toy_relu, uci, univariate
 
-__all__ = ["REGISTRY", "get", "linear", "univariate", "toy_relu", "deep_relu", "theory"]
+__all__ = ["REGISTRY", "get", "linear", "univariate", "toy_relu", "deep_relu", "theory", "uci"]
 
-REGISTRY: dict[str, ModuleType] = {m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory)}
+REGISTRY: dict[str, ModuleType] = {m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory, uci)}
 
 
 def get(name: str) -> ModuleType:

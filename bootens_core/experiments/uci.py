@@ -1,0 +1,364 @@
+"""Tables 1-3: the UCI regression benchmark, ensembles of the paper beside GP baselines, against the paper.
+
+Methods (ids): ``ensemble-1`` / ``ensemble-4`` (Algorithm 1 on ReLU networks with 1 / 4 hidden layers of
+``width`` units, ``n_particles`` particles trained together by L-BFGS, sigma^2 selected on validation MNLL);
+``gp`` (GPflow: exact GPR with an isotropic squared-exponential kernel, SVGP for the ``svgp_datasets``;
+hyper-parameters and noise by the marginal likelihood / ELBO). The protocol is :mod:`bootens_core.harness`.
+
+**The L-BFGS of the paper** ("32 steps, step size 0.5") is read as 32 steps of ``lbfgs_iters_per_step``
+(20, torch.optim.LBFGS's default) iterations, 640 gradient evaluations in all, of the L-BFGS direction ``d_k = -P_k g_k`` (two-loop recursion over the last ``lbfgs_memory``
+pairs, initial inverse Hessian ``gamma_k I`` with ``gamma_k = s'y / y'y``; at the first step
+``gamma_0 = min(1, 1/|g_0|)``) followed by a fixed step ``theta += 0.5 d_k`` -- no line search
+(``optax.lbfgs(0.5, linesearch=None)``). :func:`lbfgs_check` shows on one particle that these directions
+are those of scipy's L-BFGS inverse-Hessian product, and sets the fixed-step run beside optax's line-search
+L-BFGS and scipy's L-BFGS-B.
+
+Each cell is stored as soon as it finishes (see :class:`~bootens_core.harness.CellStore`), under a folder
+keyed by the settings that change a cell's numbers, the PRNG key and the package source; a rerun with the
+same settings resumes.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import io
+import json
+import math
+from importlib import resources
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import ensemble, harness, models, store
+from ..config import UCI_METHODS, UCIConfig, as_dict
+from ..data import uci
+from ..harness import Cell, Method, Prediction
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "ARTEFACTS",
+    "Config",
+    "run",
+    "cells",
+    "method",
+    "paper_reference",
+    "verdict",
+    "summarise",
+    "cells_csv",
+    "lbfgs_check",
+    "PAPER_METHODS",
+]
+
+NAME = "uci"
+DESCRIPTION = "UCI regression: ensembles (1 and 4 layers) and GP baselines vs the paper's Tables 1-3"
+ARTEFACTS = ("Table 1", "Table 2", "Table 3")
+Config = UCIConfig
+
+# The method columns of the paper's Tables 2-3 as (method, hidden layers); GP has no layers.
+PAPER_METHODS = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
+# The paper prints two decimals: a published std of 0.00 means "below 0.005".
+_PRINT_RESOLUTION = 0.005
+
+
+def _check(cfg: UCIConfig) -> None:
+    unknown = [d for d in cfg.datasets if d not in uci.DATASETS]
+    if unknown:
+        raise ValueError(f"unknown UCI dataset(s) {unknown}: choose from {', '.join(uci.DATASETS)}")
+    bad = [m for m in cfg.methods if m not in UCI_METHODS]
+    if bad:
+        raise ValueError(f"unknown UCI method(s) {bad}: built so far are {', '.join(UCI_METHODS)}")
+    if not cfg.datasets or not cfg.methods:
+        raise ValueError("no datasets or no methods selected")
+    if cfg.max_splits < 0:
+        raise ValueError(f"max_splits must be >= 0 (0 = the paper's), got {cfg.max_splits}")
+
+
+def cells(cfg: UCIConfig) -> list[Cell]:
+    """The cells of a run: dataset-major, then method, then split (the paper's 10 splits, 5 for Protein)."""
+    _check(cfg)
+    out = []
+    for d in cfg.datasets:
+        n = uci.PAPER_SPLITS[d] if cfg.max_splits == 0 else min(cfg.max_splits, uci.PAPER_SPLITS[d])
+        out += [Cell(d, s, m) for m in cfg.methods for s in range(n)]
+    return out
+
+
+@functools.cache
+def _mlp(in_dim: int, layers: int, width: int, weight_var: float, bias_var: float, fan_in: bool) -> models.Model:
+    # One model object per architecture, so ensemble.train reuses its compiled driver across cells.
+    return models.mlp(in_dim, (width,) * layers, "relu", weight_var=weight_var, bias_var=bias_var,
+                      scale_by_fan_in=fan_in)
+
+
+@functools.cache
+def _lbfgs(step_size: float, memory: int) -> ensemble.Optimizer:
+    return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=None)
+
+
+def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int) -> Method:
+    """The :class:`~bootens_core.harness.Method` of a method id for one dataset."""
+    if method_id.startswith("ensemble-"):
+        layers = int(method_id.split("-")[1])
+        model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
+        opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory)
+        dtype = jnp.dtype(cfg.dtype)
+
+        def fit_ensemble(key, x, y, x_eval, noise_var):
+            res = ensemble.train(
+                key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
+                steps=cfg.lbfgs_steps * cfg.lbfgs_iters_per_step, dtype=dtype, on_diverged="report",
+            )
+            f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
+            ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
+            return Prediction(f[ok], noise_var, int((~ok).sum()))
+
+        return Method("ensemble", layers, True, fit_ensemble)
+    if method_id == "gp":
+        kind = "svgp" if dataset in cfg.svgp_datasets else "gpr"
+
+        def fit_gp(key, x, y, x_eval, noise_var):
+            from .. import gp
+
+            g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter)
+            info = {"kind": kind, "lengthscale": g.lengthscale, "signal_var": g.signal_var,
+                    "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged)}
+            return Prediction(g.mean[None], g.var, 0, float(g.noise_var), info)
+
+        return Method("gp", 0, False, fit_gp)
+    raise ValueError(f"unknown UCI method {method_id!r}: built so far are {', '.join(UCI_METHODS)}")
+
+
+def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
+    k = jax.random.fold_in(key, uci.DATASETS.index(cell.dataset))
+    k = jax.random.fold_in(k, UCI_METHODS.index(cell.method))
+    return jax.random.fold_in(k, cell.split)
+
+
+def _store_dir(key: jax.Array, cfg: UCIConfig):
+    """Cells are kept per (settings that change a cell, key, package source); the selection of datasets,
+    methods and splits and the number of workers do not change a cell, so runs of subsets share cells."""
+    fields = {k: v for k, v in as_dict(cfg).items() if k not in ("datasets", "methods", "max_splits", "workers")}
+    blob = json.dumps({"cfg": fields, "key": store._key_data(key), "src": store.source_hash()}, sort_keys=True)
+    return store.cache_dir() / "uci-cells" / hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run(
+    key: jax.Array, cfg: UCIConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
+) -> store.Result:
+    """Run (or resume) every cell of ``cfg`` and summarise them against the paper (summary keys: README)."""
+    import time
+
+    all_cells = cells(cfg)
+    start = time.perf_counter()
+    root = _store_dir(key, cfg)
+    if not use_cache:
+        import tempfile
+
+        root = tempfile.mkdtemp(prefix="bootens-uci-cells-")
+    cell_store = harness.CellStore(root)
+
+    def compute(cell: Cell) -> dict[str, Any]:
+        data = uci.load(cell.dataset, cell.split)
+        m = method(cell.method, cfg, cell.dataset, data.x_train.shape[1])
+        return harness.run_cell(
+            _cell_key(key, cell), m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed,
+            val_fraction=cfg.val_fraction,
+        )
+
+    records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.workers, force=force, progress=progress)
+    summary = summarise(records, cfg)
+    arrays = {
+        name: np.asarray([r[name] for r in records], dtype=dtype)
+        for name, dtype in (
+            ("dataset", str), ("method", str), ("split", np.int64), ("hidden_layers", np.int64),
+            ("test_rmse", np.float64), ("test_mnll", np.float64), ("coverage95", np.float64),
+            ("noise_var", np.float64), ("wall_s", np.float64), ("diverged_particles", np.int64),
+        )
+    }
+    return store.Result(
+        name=NAME,
+        config=as_dict(cfg),
+        arrays=arrays,
+        summary=summary,
+        provenance={**store.provenance(time.perf_counter() - start), "cell_store": str(root)},
+        files={"cells.csv": cells_csv(records)},
+    )
+
+
+def paper_reference() -> dict[tuple[str, str, int, str], tuple[float, float]]:
+    """The paper's Tables 2-3 (published mean and std over splits), keyed by (dataset, method, layers, metric).
+
+    These are the paper's numbers, carried as a reference (``bootens_core/data/paper_uci_tables.csv``, a copy
+    of ``shared/paper/paper_uci_tables.csv``); nothing here is computed.
+    """
+    text = resources.files("bootens_core.data").joinpath("paper_uci_tables.csv").read_text()
+    return {
+        (r["dataset"], r["method"], int(r["hidden_layers"]), r["metric"]): (float(r["mean"]), float(r["std"]))
+        for r in csv.DictReader(io.StringIO(text))
+    }
+
+
+def verdict(mean: float, paper_mean: float, paper_std: float) -> str:
+    """``within`` the paper's mean +- 1 std (at least its print resolution 0.005), else ``better`` (lower:
+    RMSE and MNLL are both errors) or ``worse``; ``failed`` if our mean is not finite."""
+    if not math.isfinite(mean):
+        return "failed"
+    if abs(mean - paper_mean) <= max(paper_std, _PRINT_RESOLUTION):
+        return "within"
+    return "better" if mean < paper_mean else "worse"
+
+
+def summarise(records: list[dict[str, Any]], cfg: UCIConfig) -> dict[str, Any]:
+    """Rows of mean +- std over splits per dataset x method x metric, the paper's numbers and verdicts."""
+    ref = paper_reference()
+    rows = []
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r["method"], int(r["hidden_layers"])), []).append(r)
+    for (ds, meth, layers), recs in groups.items():
+        for metric, col in (("rmse", "test_rmse"), ("mnll", "test_mnll"), ("coverage95", "coverage95")):
+            vals = np.asarray([float(r[col]) for r in recs])
+            mean, std = float(np.mean(vals)), float(np.std(vals))  # std over splits, ddof=0 as Gal's code
+            pm = ref.get((ds, meth, layers, metric))
+            rows.append({
+                "dataset": ds, "method": meth, "hidden_layers": layers, "metric": metric, "mean": mean,
+                "std": std, "n_splits": len(recs), "paper_mean": pm[0] if pm else None,
+                "paper_std": pm[1] if pm else None,
+                "verdict": verdict(mean, *pm) if pm else "not in the paper",
+                "diverged_particles": int(sum(int(r["diverged_particles"]) for r in recs)),
+            })
+    compared = [r for r in rows if r["paper_mean"] is not None]
+    return {
+        "rows": rows,
+        "cells_total": len(compared),
+        "cells_within_1sd": sum(r["verdict"] == "within" for r in compared),
+        "cells_better": sum(r["verdict"] == "better" for r in compared),
+        "cells_worse": sum(r["verdict"] == "worse" for r in compared),
+        "cells_failed": sum(r["verdict"] == "failed" for r in compared),
+        "n_cells": len(records),
+        "datasets": list(cfg.datasets),
+        "methods": list(cfg.methods),
+        "n_particles": cfg.n_particles,
+        "diverged_particles_total": int(sum(int(r["diverged_particles"]) for r in records)),
+        "wall_s_cells_total": float(sum(float(r["wall_s"]) for r in records)),
+        "verdict_rule": "within: |ours - paper| <= max(paper std, 0.005); else better (lower) or worse",
+    }
+
+
+def cells_csv(records: list[dict[str, Any]]) -> str:
+    """``cells.csv``: one row per dataset x split x method with the :data:`~bootens_core.harness.CELL_FIELDS`."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(harness.CELL_FIELDS), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow({k: (f"{float(r[k]):.6g}" if isinstance(r[k], float) else r[k]) for k in harness.CELL_FIELDS})
+    return buf.getvalue()
+
+
+def lbfgs_check(
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    dataset: str = "boston",
+    split: int = 0,
+    hidden_layers: int = 1,
+    noise_var: float = 0.1,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """One particle of a UCI cell, optimised by the paper's L-BFGS and by references (float64).
+
+    Returns the loss curves (``-log p~`` per iteration) of: ``fixed`` -- the fixed-step L-BFGS of the
+    ensembles (a plain loop over ``optax.lbfgs``); ``train`` -- the same particle through
+    :func:`bootens_core.ensemble.train` (must equal ``fixed``); ``zoom`` -- optax's L-BFGS with its zoom line
+    search; ``scipy`` -- ``scipy.optimize.minimize(method="L-BFGS-B")`` with the same memory and iteration
+    budget. ``direction_rel_err`` is, at every fixed step, the relative difference between optax's update
+    and ``-step * gamma_k * H_k g_k`` built from the same (s, y) pairs by scipy's ``LbfgsInvHessProduct``
+    (which starts from the identity; scaling y by gamma_k and the product by gamma_k gives the gamma_k I
+    start).
+    """
+    from scipy.optimize import LbfgsInvHessProduct, minimize
+
+    steps = cfg.lbfgs_steps if steps is None else int(steps)
+    data = uci.load(dataset, split)
+    model = models.mlp(data.x_train.shape[1], (cfg.width,) * hidden_layers, "relu",
+                       weight_var=cfg.weight_var, bias_var=cfg.bias_var, scale_by_fan_in=cfg.scale_by_fan_in)
+    x = jnp.asarray(data.x_train, jnp.float64)
+    y = jnp.asarray(data.y_train, jnp.float64)
+    opt = ensemble.optimizer("lbfgs", cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
+    state, pert = ensemble.init(key, model, y, noise_var, 1, opt)
+    one = jax.tree.map(lambda a: a[0], pert)
+    theta0, unravel = models.ravel(jax.tree.map(lambda a: a[0], state.params))
+
+    from ..perturb import perturbed_log_joint
+
+    @jax.jit
+    def loss_grad(v):
+        return jax.value_and_grad(lambda w: -perturbed_log_joint(model, unravel(w), x, one, noise_var))(v)
+
+    # Fixed-step L-BFGS by hand on the flat vector, recording (s, y) pairs and updates.
+    tx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
+    tx_update = jax.jit(tx.update)
+    v, st = theta0, tx.init(theta0)
+    fixed, rel_err, s_hist, y_hist, prev = [], [], [], [], None
+    for _ in range(steps):
+        val, g = loss_grad(v)
+        fixed.append(float(val))
+        upd, st = tx_update(g, st, v)
+        gn = np.asarray(g)
+        if prev is None:
+            ref = -cfg.lbfgs_step_size * min(1.0, 1.0 / np.linalg.norm(gn)) * gn
+        else:
+            s_hist.append(np.asarray(v) - prev[0])
+            y_hist.append(gn - prev[1])
+            sk, yk = np.array(s_hist[-cfg.lbfgs_memory:]), np.array(y_hist[-cfg.lbfgs_memory:])
+            gamma = float(sk[-1] @ yk[-1] / (yk[-1] @ yk[-1]))
+            ref = -cfg.lbfgs_step_size * gamma * LbfgsInvHessProduct(sk, gamma * yk).matvec(gn)
+        rel_err.append(float(np.linalg.norm(np.asarray(upd) - ref) / np.linalg.norm(ref)))
+        prev = (np.asarray(v), gn)
+        v = v + upd
+
+    trained = ensemble.train(key, model, x, y, noise_var=noise_var, n_particles=1, opt=opt, steps=steps,
+                             on_diverged="report")
+
+    ztx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory)
+    vz, sz, zoom = theta0, ztx.init(theta0), []
+
+    def value_only(w):
+        return loss_grad(w)[0]
+
+    @jax.jit
+    def zoom_step(w, s):
+        val, g = optax.value_and_grad_from_state(value_only)(w, state=s)
+        upd, s = ztx.update(g, s, w, value=val, grad=g, value_fn=value_only)
+        return optax.apply_updates(w, upd), s, val
+
+    for _ in range(steps):
+        vz, sz, val = zoom_step(vz, sz)
+        zoom.append(float(val))
+
+    sp: list[float] = []
+
+    def fun(w):
+        val, g = loss_grad(jnp.asarray(w))
+        return float(val), np.asarray(g, np.float64)
+
+    res = minimize(fun, np.asarray(theta0), jac=True, method="L-BFGS-B",
+                   options={"maxiter": steps, "maxcor": cfg.lbfgs_memory},
+                   callback=lambda w: sp.append(fun(w)[0]))
+    return {
+        "fixed": np.asarray(fixed),
+        "train": np.asarray(trained.loss[:, 0]),
+        "zoom": np.asarray(zoom),
+        "scipy": np.asarray([fun(np.asarray(theta0))[0], *sp]),
+        "final": {"fixed": float(loss_grad(v)[0]), "zoom": float(value_only(vz)), "scipy": float(res.fun)},
+        "scipy_nfev": int(res.nfev),
+        "direction_rel_err": np.asarray(rel_err),
+        "n_params": int(theta0.shape[0]),
+        "dataset": dataset, "split": split, "hidden_layers": hidden_layers, "noise_var": noise_var,
+    }

@@ -1,0 +1,333 @@
+"""Gaussian-process regression baselines of the paper's UCI tables (GPflow).
+
+The paper's Appendix: an exact GP with an isotropic squared-exponential kernel whose hyper-parameters
+maximise the log marginal likelihood; for Protein, sparse variational GP regression (Titsias 2009) with 400
+inducing points whose hyper-parameters maximise the ELBO. :func:`fit_predict` does either on data the caller
+has already standardised (with the training statistics) and returns the predictive mean and variance of
+``y`` at the test inputs in the same standardised units.
+
+TensorFlow and GPflow are imported lazily, by the first call of :func:`fit_predict` only: importing
+:mod:`bootens_core` or this module never imports TensorFlow (the JAX-only GPU machine has none, and TF adds
+~1 GB and several seconds). That first call
+
+- sets ``TF_CPP_MIN_LOG_LEVEL=3`` unless the caller set it, and silences the C-level stderr (file
+  descriptor 2) while TensorFlow and GPflow import, so that TF's start-up log lines never reach a notebook's
+  stored outputs, and ignores the DeprecationWarnings TensorFlow Probability and GPflow raise on import;
+- hides GPUs from TensorFlow (GP baselines run on the CPU; the GPU, if any, is JAX's);
+- sets TF's intra- and inter-op threads to the cores this process may use (its CPU affinity), when TF's
+  runtime is not initialised yet (TF refuses thread settings after its first op);
+- makes float64 GPflow's default float (it already is; set explicitly, the checks below depend on it).
+
+Example::
+
+    fit = gp.fit_predict(jax.random.key(0), split.x_train, split.y_train, split.x_test)
+    mean = fit.mean * split.y_std + split.y_mean          # back to the original units
+    var = fit.var * split.y_std**2
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+__all__ = ["METHODS", "GPFit", "fit_predict"]
+
+METHODS = ("gpr", "svgp")
+
+# Adam's learning rate for minibatch SVGP (GPflow's tutorials use 0.01 on standardised data).
+_ADAM_LEARNING_RATE = 0.01
+_NOISE_VAR_LOWER_BOUND = 1e-6
+
+
+class GPFit(NamedTuple):
+    """A fitted GP and its predictions at the test inputs (all in the units of the ``y_train`` given).
+
+    ``mean`` (n_test,) is the predictive mean of ``y`` (the latent mean) and ``var`` (n_test,) the
+    predictive variance of ``y``: latent variance plus the fitted noise variance. ``objective`` is the final
+    log marginal likelihood (``"gpr"``) or ELBO (``"svgp"``) in nats, summed over the training set.
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    noise_var: float
+    lengthscale: float
+    signal_var: float
+    objective: float
+    n_iter: int
+    converged: bool
+    method: str
+    description: str
+
+
+class _TF(NamedTuple):
+    tf: ModuleType
+    gpflow: ModuleType
+
+
+_TF_MODULES: _TF | None = None
+
+
+def _import_tf() -> _TF:
+    """Import TensorFlow and GPflow once, quietly, and configure them (see the module docstring)."""
+    global _TF_MODULES
+    if _TF_MODULES is not None:
+        return _TF_MODULES
+    tf_was_loaded = "tensorflow" in sys.modules
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # TF logs through absl both while importing and when its runtime starts (e.g. "failed call to cuInit"
+    # at the first device query, whatever TF_CPP_MIN_LOG_LEVEL says): configure and start it silenced too.
+    with _stderr_silenced(), warnings.catch_warnings():
+        # TFP's distutils LooseVersion and GPflow's pkg_resources, at import time only: not ours to fix.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            import gpflow
+            import tensorflow as tf
+        except ImportError as err:
+            raise ImportError(
+                f"bootens_core.gp needs GPflow and TensorFlow: install the 'gp' extra ({err})"
+            ) from err
+
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except (RuntimeError, ValueError):  # the runtime is already initialised: leave the devices alone
+            pass
+        if not tf_was_loaded:
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(_n_cores())
+                tf.config.threading.set_inter_op_parallelism_threads(_n_cores())
+            except RuntimeError:  # TF already ran an op (imported and used before us): keep its settings
+                pass
+        tf.reduce_sum(tf.zeros(2, dtype=tf.float64)).numpy()  # start the runtime while stderr is silenced
+    gpflow.config.set_default_float(np.float64)
+    _TF_MODULES = _TF(tf, gpflow)
+    return _TF_MODULES
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null (C-level writes included), and restore it afterwards."""
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+        finally:
+            os.close(devnull)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved_fd, 2)
+        os.close(saved_fd)
+
+
+def _n_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def fit_predict(
+    key: jax.Array,
+    x_train: Any,
+    y_train: Any,
+    x_test: Any,
+    *,
+    method: str = "gpr",
+    n_inducing: int = 400,
+    max_iter: int = 1000,
+    init_noise_var: float = 0.1,
+    minibatch: int | None = None,
+) -> GPFit:
+    """Fit a GP regression baseline by type-II maximum likelihood (or ELBO) and predict at ``x_test``.
+
+    The kernel is an isotropic squared exponential ``s^2 exp(-|x - x'|^2 / (2 l^2))`` (one lengthscale),
+    started at ``l = sqrt(d)`` (on standardised inputs a typical squared distance between two points is
+    ``2d``, so ``sqrt(d)`` is of the order of the median distance) and ``s^2 = 1``; the Gaussian noise
+    variance starts at ``init_noise_var`` and is kept above ``1e-6``.
+
+    Args:
+        key: a JAX PRNG key (``jax.random.key``). ``"svgp"`` draws its initial inducing inputs from it:
+            ``n_inducing`` distinct training inputs, chosen uniformly without replacement with
+            ``jax.random.choice(..., replace=False)`` from the first half of ``jax.random.split(key)``; the
+            second half seeds the minibatch order if ``minibatch`` is given. ``"gpr"`` is deterministic and
+            ignores it.
+        x_train: ``(n, d)`` training inputs, standardised by the caller.
+        y_train: ``(n,)`` training labels, standardised by the caller.
+        x_test: ``(m, d)`` test inputs, standardised with the training statistics.
+        method: ``"gpr"``: exact GP (``gpflow.models.GPR``), log marginal likelihood maximised by scipy's
+            L-BFGS-B. ``"svgp"``: sparse variational GP regression with ``n_inducing`` inducing inputs,
+            trained with the hyper-parameters. Full batch (``minibatch=None``): Titsias' (2009) collapsed
+            ELBO, ``q(u)`` optimal in closed form (``gpflow.models.SGPR``), maximised by L-BFGS-B; the
+            uncollapsed ``gpflow.models.SVGP`` is not used there, as L-BFGS-B does not converge its free
+            ``q(u)`` (``m(m+3)/2`` numbers) even for ``m = 40`` in 1000 iterations. With ``minibatch``:
+            ``gpflow.models.SVGP`` (whitened, ``q(u)`` a free Gaussian; Hensman et al. 2013), minibatch
+            ELBO estimates maximised by Adam (learning rate 0.01) for ``max_iter`` steps.
+            ``objective`` is then the full-batch uncollapsed ELBO at the end.
+        n_inducing: number of inducing points for ``"svgp"`` (at most ``n``).
+        max_iter: L-BFGS-B's iteration limit (Adam's number of steps with ``minibatch``).
+        init_noise_var: the initial noise variance.
+        minibatch: ``"svgp"`` only: the minibatch size for Adam; ``None`` trains on the full batch.
+
+    Returns:
+        A :class:`GPFit` with float64 numpy predictions in the units of ``y_train``.
+
+    Raises:
+        ValueError: bad shapes, non-finite values, unknown ``method``, ``n_inducing > n`` or other bad
+            settings.
+        RuntimeError: the optimisation failed (a Cholesky factorisation failed, or the objective or the
+            predictions are not finite).
+    """
+    x_train, y_train, x_test = _check_data(x_train, y_train, x_test)
+    n, d = x_train.shape
+    if method not in METHODS:
+        raise ValueError(f"unknown GP method {method!r}; known methods: {', '.join(METHODS)}")
+    max_iter = _positive_int("max_iter", max_iter)
+    init_noise_var = float(init_noise_var)
+    if not (math.isfinite(init_noise_var) and init_noise_var > _NOISE_VAR_LOWER_BOUND):
+        raise ValueError(
+            f"init_noise_var must be a finite number above {_NOISE_VAR_LOWER_BOUND:g}, got {init_noise_var!r}"
+        )
+    if method == "gpr":
+        if minibatch is not None:
+            raise ValueError("minibatch applies to method 'svgp' only (exact GP regression is full-batch)")
+    else:
+        n_inducing = _positive_int("n_inducing", n_inducing)
+        if n_inducing > n:
+            raise ValueError(
+                f"n_inducing={n_inducing} exceeds the number of training points n={n} (inducing points start "
+                "at distinct training inputs)"
+            )
+        if minibatch is not None:
+            minibatch = _positive_int("minibatch", minibatch)
+            if minibatch > n:
+                raise ValueError(f"minibatch={minibatch} exceeds the number of training points n={n}")
+
+    tf, gpflow = _import_tf()
+    kernel = gpflow.kernels.SquaredExponential(variance=1.0, lengthscales=math.sqrt(d))
+    likelihood = gpflow.likelihoods.Gaussian(
+        variance=init_noise_var, variance_lower_bound=_NOISE_VAR_LOWER_BOUND
+    )
+    data = (x_train, y_train[:, None])
+    what = f"{method} on n={n} training points (d={d})"
+    try:
+        if method == "gpr":
+            model = gpflow.models.GPR(data, kernel=kernel, likelihood=likelihood)
+            n_iter, converged = _scipy_minimize(
+                gpflow, model.training_loss, model.trainable_variables, max_iter
+            )
+            objective = float(model.log_marginal_likelihood().numpy())
+            description = (
+                f"exact GP regression (GPflow {gpflow.__version__} GPR), isotropic squared-exponential "
+                f"kernel, hyper-parameters by maximising the log marginal likelihood (scipy L-BFGS-B, at "
+                f"most {max_iter} iterations)"
+            )
+        else:
+            init_key, batch_key = jax.random.split(key)
+            rows = np.asarray(jax.random.choice(init_key, n, (n_inducing,), replace=False))
+            z = x_train[rows].copy()
+            if minibatch is None:
+                # Titsias' collapsed bound: the ELBO maximised over q(u) in closed form. (Uncollapsed SVGP
+                # leaves q(u)'s m(m+3)/2 entries to L-BFGS-B, which fails to converge them even for m=40.)
+                model = gpflow.models.SGPR(data, kernel, z, likelihood=likelihood)
+                n_iter, converged = _scipy_minimize(gpflow, model.training_loss, model.trainable_variables,
+                                                    max_iter)
+                how = (f"the collapsed ELBO, q(u) optimal in closed form (GPflow {gpflow.__version__} SGPR; "
+                       f"scipy L-BFGS-B, at most {max_iter} iterations)")
+            else:
+                model = gpflow.models.SVGP(kernel, likelihood, z, num_data=n, whiten=True)
+                seed = int(jax.random.randint(batch_key, (), 0, np.iinfo(np.int32).max))
+                n_iter, converged = _adam(tf, gpflow, model, data, minibatch, max_iter, seed)
+                how = (f"minibatch estimates of the uncollapsed ELBO, q(u) a free Gaussian (Hensman et al. "
+                       f"2013; GPflow {gpflow.__version__} SVGP, whitened; Adam, lr {_ADAM_LEARNING_RATE:g}, "
+                       f"batch {minibatch}, {max_iter} steps)")
+            objective = float((model.elbo() if minibatch is None else model.elbo(data)).numpy())
+            description = (
+                f"sparse variational GP regression (Titsias 2009), {n_inducing} inducing points started at "
+                f"distinct training inputs drawn from the key and trained, isotropic squared-exponential "
+                f"kernel, hyper-parameters by maximising {how}"
+            )
+        mean, var = (t.numpy()[:, 0].astype(np.float64) for t in model.predict_y(x_test))
+    except tf.errors.InvalidArgumentError as err:  # Cholesky failures surface as InvalidArgumentError
+        raise RuntimeError(f"GP fit failed for {what}: {err.message.splitlines()[0]}") from err
+    noise_var = float(likelihood.variance.numpy())
+    lengthscale = float(kernel.lengthscales.numpy())
+    signal_var = float(kernel.variance.numpy())
+    values = {"objective": objective, "noise variance": noise_var, "lengthscale": lengthscale,
+              "signal variance": signal_var}
+    bad = [name for name, v in values.items() if not math.isfinite(v)]
+    n_bad = int(np.sum(~np.isfinite(mean)) + np.sum(~np.isfinite(var)))
+    if bad or n_bad:
+        raise RuntimeError(
+            f"GP fit failed for {what}: non-finite {', '.join(bad) or 'values'}"
+            + (f"; {n_bad} non-finite predictive means/variances" if n_bad else "")
+        )
+    return GPFit(mean, var, noise_var, lengthscale, signal_var, objective, n_iter, converged, method,
+                 description)
+
+
+def _scipy_minimize(gpflow: ModuleType, loss: Any, variables: Any, max_iter: int) -> tuple[int, bool]:
+    result = gpflow.optimizers.Scipy().minimize(
+        loss, variables, method="L-BFGS-B", options={"maxiter": max_iter}, compile=True
+    )
+    return int(result.nit), bool(result.success)
+
+
+def _adam(tf: ModuleType, gpflow: ModuleType, model: Any, data: tuple[np.ndarray, np.ndarray],
+          batch: int, steps: int, seed: int) -> tuple[int, bool]:
+    """``steps`` Adam steps on minibatch ELBO estimates; batches cycle through reshuffled epochs."""
+    x, y = data
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .shuffle(min(len(x), 10_000), seed=seed, reshuffle_each_iteration=True)
+        .batch(batch, drop_remainder=True)
+    )
+    loss = model.training_loss_closure(iter(dataset), compile=True)
+    opt = gpflow.keras.tf_keras.optimizers.Adam(_ADAM_LEARNING_RATE)
+
+    @tf.function
+    def step() -> None:
+        opt.minimize(loss, model.trainable_variables)
+
+    for _ in range(steps):
+        step()
+    # A fixed number of stochastic steps has no convergence test: report "converged" as finished.
+    return steps, True
+
+
+def _check_data(x_train: Any, y_train: Any, x_test: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    arrays = {}
+    for name, value, ndim in (("x_train", x_train, 2), ("y_train", y_train, 1), ("x_test", x_test, 2)):
+        a = np.asarray(value, dtype=np.float64)
+        if a.ndim != ndim:
+            want = "(n, d)" if name == "x_train" else "(n,)" if name == "y_train" else "(m, d)"
+            raise ValueError(f"{name} must be a {ndim}-D array of shape {want}, got shape {a.shape}")
+        n_bad = int(np.sum(~np.isfinite(a)))
+        if n_bad:
+            raise ValueError(f"{name} has {n_bad} non-finite value(s) (NaN or Inf)")
+        arrays[name] = a
+    x, y, xt = arrays["x_train"], arrays["y_train"], arrays["x_test"]
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x_train has {x.shape[0]} rows but y_train has {y.shape[0]} entries")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"x_train must have at least one row and one column, got shape {x.shape}")
+    if xt.shape[1] != x.shape[1]:
+        raise ValueError(f"x_test has {xt.shape[1]} input dimensions but x_train has {x.shape[1]}")
+    return x, y, xt
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
