@@ -120,6 +120,9 @@ def _restore_non_finite(obj: Any) -> Any:
 
 
 def _git_commit() -> str | None:
+    # A copy of the tree without .git (a remote GPU machine) names its commit through the environment.
+    if os.environ.get("BOOTENS_GIT_COMMIT"):
+        return os.environ["BOOTENS_GIT_COMMIT"]
     root = _PACKAGE_DIR.parent
     try:
         commit = subprocess.run(
