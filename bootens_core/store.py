@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,12 @@ class Result:
         return self.arrays[item]
 
 
-def source_hash() -> str:
-    """sha256 over the path and bytes of every ``.py`` file of the package."""
+def source_hash(files: Sequence[str] | None = None) -> str:
+    """sha256 over the path and bytes of every ``.py`` file of the package (or only of ``files``, paths
+    relative to the package, for a cache that only those files can change)."""
     h = hashlib.sha256()
-    for path in sorted(_PACKAGE_DIR.rglob("*.py")):
+    paths = sorted(_PACKAGE_DIR.rglob("*.py")) if files is None else [_PACKAGE_DIR / f for f in sorted(files)]
+    for path in paths:
         h.update(str(path.relative_to(_PACKAGE_DIR)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()

@@ -140,11 +140,21 @@ def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
     return jax.random.fold_in(k, cell.split)
 
 
+# The modules whose code decides a cell's numbers: an edit to any of them starts a fresh cell store; edits
+# elsewhere (figures, reports, the CLI) keep finished cells, so a long paper-scale run survives them.
+_CELL_SOURCES = (
+    "harness.py", "ensemble.py", "models.py", "perturb.py", "metrics.py", "gp.py", "config.py",
+    "data/uci.py", "experiments/uci.py",
+)
+
+
 def _store_dir(key: jax.Array, cfg: UCIConfig):
-    """Cells are kept per (settings that change a cell, key, package source); the selection of datasets,
-    methods and splits and the number of workers do not change a cell, so runs of subsets share cells."""
+    """Cells are kept per (settings that change a cell, key, source of :data:`_CELL_SOURCES`); the selection
+    of datasets, methods and splits and the number of workers do not change a cell, so runs of subsets
+    share cells."""
     fields = {k: v for k, v in as_dict(cfg).items() if k not in ("datasets", "methods", "max_splits", "workers")}
-    blob = json.dumps({"cfg": fields, "key": store._key_data(key), "src": store.source_hash()}, sort_keys=True)
+    src = store.source_hash(_CELL_SOURCES)
+    blob = json.dumps({"cfg": fields, "key": store._key_data(key), "src": src}, sort_keys=True)
     return store.cache_dir() / "uci-cells" / hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
