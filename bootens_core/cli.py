@@ -61,7 +61,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             value = json.loads(text) if not isinstance(current, str) else text
             if isinstance(current, tuple):
                 value = tuple(value)
-            elif isinstance(current, bool) or type(current) in (int, float):
+            elif isinstance(current, bool) and not isinstance(value, bool):
+                raise ValueError(name)
+            elif type(current) is int and (isinstance(value, bool) or value != int(value)):
+                raise ValueError(name)
+            elif type(current) in (int, float):
                 value = type(current)(value)
         except (ValueError, TypeError):
             print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__})", file=sys.stderr)

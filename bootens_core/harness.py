@@ -208,7 +208,7 @@ class CellStore:
         except (OSError, json.JSONDecodeError):
             warnings.warn(f"cell record {p} is unreadable: recomputing it", stacklevel=2)
             return None
-        if not all(f in rec for f in CELL_FIELDS):
+        if not isinstance(rec, dict) or not all(f in rec for f in CELL_FIELDS):
             warnings.warn(f"cell record {p} is incomplete: recomputing it", stacklevel=2)
             return None
         return rec

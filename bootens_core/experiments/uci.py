@@ -97,8 +97,8 @@ def _mlp(in_dim: int, layers: int, width: int, weight_var: float, bias_var: floa
 
 
 @functools.cache
-def _lbfgs(step_size: float, memory: int) -> ensemble.Optimizer:
-    return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=None)
+def _lbfgs(step_size: float, memory: int, linesearch: str | None) -> ensemble.Optimizer:
+    return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
 
 
 def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int) -> Method:
@@ -106,7 +106,7 @@ def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int) -> Method:
     if method_id.startswith("ensemble-"):
         layers = int(method_id.split("-")[1])
         model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-        opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory)
+        opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch)
         dtype = jnp.dtype(cfg.dtype)
 
         def fit_ensemble(key, x, y, x_eval, noise_var):

@@ -1,0 +1,305 @@
+"""experiments.uci (Tables 1-3): the paper's reference numbers, verdicts, summaries, the cell list, cells.csv,
+the L-BFGS check against scipy, and one tiny end-to-end run through the CLI.
+
+The L-BFGS check and the end-to-end run need the UCI mirror (BOOTENS_DATA_DIR, or ../shared next to the
+checkout): without it they skip on a user's machine; in CI (CI=true) the mirror must be there.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from bootens_core import cli, store
+from bootens_core.config import UCI_DATASETS, UCI_METHODS, UCIConfig
+from bootens_core.experiments import uci as experiment
+from bootens_core.harness import CELL_FIELDS
+
+_SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+PAPER_CSV = _SHARED / "paper" / "paper_uci_tables.csv"
+PACKAGED_CSV = Path(experiment.__file__).resolve().parents[1] / "data" / "paper_uci_tables.csv"
+MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(_SHARED / "data" / "uci")
+needs_mirror = pytest.mark.skipif(
+    not Path(MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {MIRROR}"
+)
+
+
+def _read_table(path: Path) -> dict[tuple[str, str, int, str], tuple[float, float]]:
+    with open(path, newline="") as fh:
+        return {(r["dataset"], r["method"], int(r["hidden_layers"]), r["metric"]): (float(r["mean"]), float(r["std"]))
+                for r in csv.DictReader(fh)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The paper's numbers
+
+
+def test_paper_reference_covers_tables_2_and_3():
+    ref = experiment.paper_reference()
+    assert len(ref) == 108
+    expected_keys = {(d, m, layers, metric) for d in UCI_DATASETS for m, layers in experiment.PAPER_METHODS
+                     for metric in ("rmse", "mnll")}
+    assert set(ref) == expected_keys
+    assert all(math.isfinite(m) and s >= 0 for m, s in ref.values())
+    assert all(m >= 0 for (*_, metric), (m, _) in ref.items() if metric == "rmse")  # naval prints 0.00
+    assert ref == _read_table(PACKAGED_CSV)
+    assert ref[("boston", "ensemble", 1, "rmse")] == (3.17, 0.65)
+
+
+@pytest.mark.skipif(not PAPER_CSV.is_file(), reason=f"no {PAPER_CSV}")
+def test_paper_reference_is_the_shared_copy():
+    assert experiment.paper_reference() == _read_table(PAPER_CSV)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# verdict
+
+
+@pytest.mark.parametrize(
+    ("mean", "paper_mean", "paper_std", "expected"),
+    [
+        (3.5, 3.17, 0.65, "within"),
+        (2.6, 3.17, 0.65, "within"),
+        (1.5, 1.0, 0.5, "within"),  # on the boundary |d| = std (exact in binary)
+        (0.5, 1.0, 0.5, "within"),
+        (2.0, 3.17, 0.65, "better"),
+        (4.0, 3.17, 0.65, "worse"),
+        (-3.0, -1.0, 1.5, "better"),  # MNLL can be negative; lower is better
+        # the paper prints two decimals: a std below 0.005 means "within 0.005"
+        (0.004, 0.0, 0.0, "within"),
+        (-0.004, 0.0, 0.0, "within"),
+        (0.006, 0.0, 0.0, "worse"),
+        (-0.006, 0.0, 0.0, "better"),
+        (0.0145, 0.01, 0.003, "within"),
+        (0.016, 0.01, 0.003, "worse"),
+        (math.nan, 1.0, 0.1, "failed"),
+        (math.inf, 1.0, 0.1, "failed"),
+        (-math.inf, 1.0, 0.1, "failed"),
+    ],
+)
+def test_verdict(mean, paper_mean, paper_std, expected):
+    assert experiment.verdict(mean, paper_mean, paper_std) == expected
+
+
+# --------------------------------------------------------------------------------------------------------------
+# summarise
+
+
+def _records(dataset, method, layers, rmse, mnll, cov, diverged=0):
+    return [{"dataset": dataset, "split": i, "method": method, "hidden_layers": layers, "test_rmse": r,
+             "test_mnll": m, "coverage95": c, "diverged_particles": diverged, "wall_s": 1.5}
+            for i, (r, m, c) in enumerate(zip(rmse, mnll, cov, strict=True))]
+
+
+def test_summarise_hand_made_records():
+    ref = _read_table(PACKAGED_CSV)
+    (br, brs), (bm, bms) = ref[("boston", "ensemble", 1, "rmse")], ref[("boston", "ensemble", 1, "mnll")]
+    (yr, yrs), (ym, yms) = ref[("yacht", "gp", 0, "rmse")], ref[("yacht", "gp", 0, "mnll")]
+    wm, _ = ref[("wine", "ensemble", 4, "mnll")]
+    groups = {
+        # within on both metrics: means at the paper's mean + 0.3 std
+        ("boston", "ensemble", 1): _records("boston", "ensemble", 1, [br + 0.3 * brs + d for d in (-0.2, 0.0, 0.2)],
+                                            [bm + 0.3 * bms + d for d in (-0.05, 0.1, -0.05)], [0.9, 0.95, 1.0], 1),
+        # worse RMSE, better MNLL
+        ("yacht", "gp", 0): _records("yacht", "gp", 0, [yr + 3 * yrs + 0.1, yr + 3 * yrs + 0.3],
+                                     [ym - 3 * yms - 0.2, ym - 3 * yms], [0.5, 0.75], 2),
+        # not in the paper: no 2-layer networks
+        ("boston", "ensemble", 2): _records("boston", "ensemble", 2, [1.0, 2.0], [3.0, 4.0], [1.0, 1.0]),
+        # a failed RMSE, a within MNLL
+        ("wine", "ensemble", 4): _records("wine", "ensemble", 4, [0.6, math.nan], [wm, wm], [0.9, 0.9]),
+    }
+    records = [r for recs in groups.values() for r in recs]
+    cfg = UCIConfig(datasets=("boston", "yacht", "wine"), methods=("ensemble-1", "gp"), n_particles=7)
+    s = experiment.summarise(records, cfg)
+
+    rows = {(r["dataset"], r["method"], r["hidden_layers"], r["metric"]): r for r in s["rows"]}
+    assert len(rows) == len(s["rows"]) == 4 * 3
+    for key, recs in groups.items():
+        for metric, col in (("rmse", "test_rmse"), ("mnll", "test_mnll"), ("coverage95", "coverage95")):
+            row = rows[(*key, metric)]
+            vals = [r[col] for r in recs]
+            assert row["n_splits"] == len(recs)
+            assert row["diverged_particles"] == sum(r["diverged_particles"] for r in recs)
+            if any(math.isnan(v) for v in vals):
+                assert math.isnan(row["mean"]) and row["verdict"] == "failed"
+                continue
+            assert row["mean"] == pytest.approx(statistics.fmean(vals), rel=1e-12)
+            assert row["std"] == pytest.approx(statistics.pstdev(vals), rel=1e-9, abs=1e-15)  # ddof = 0
+            if metric == "coverage95" or key == ("boston", "ensemble", 2):
+                assert row["paper_mean"] is None and row["paper_std"] is None
+                assert row["verdict"] == "not in the paper"
+            else:
+                assert (row["paper_mean"], row["paper_std"]) == ref[(*key, metric)]
+    verdicts = {k: r["verdict"] for k, r in rows.items() if r["paper_mean"] is not None}
+    assert verdicts == {
+        ("boston", "ensemble", 1, "rmse"): "within", ("boston", "ensemble", 1, "mnll"): "within",
+        ("yacht", "gp", 0, "rmse"): "worse", ("yacht", "gp", 0, "mnll"): "better",
+        ("wine", "ensemble", 4, "rmse"): "failed", ("wine", "ensemble", 4, "mnll"): "within",
+    }
+    assert (s["cells_total"], s["cells_within_1sd"], s["cells_better"], s["cells_worse"], s["cells_failed"]) == (
+        6, 3, 1, 1, 1)
+    assert s["n_cells"] == len(records) == 9
+    assert s["diverged_particles_total"] == 3 * 1 + 2 * 2
+    assert s["wall_s_cells_total"] == pytest.approx(1.5 * 9)
+    assert (s["datasets"], s["methods"], s["n_particles"]) == (["boston", "yacht", "wine"], ["ensemble-1", "gp"], 7)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# cells and cells.csv
+
+
+def test_cells_of_the_paper_config():
+    cfg = UCIConfig.paper()
+    got = experiment.cells(cfg)
+    assert len(got) == len(UCI_METHODS) * (10 * 8 + 5)
+    for d in UCI_DATASETS:
+        for m in UCI_METHODS:
+            splits = [c.split for c in got if (c.dataset, c.method) == (d, m)]
+            assert splits == list(range(5 if d == "protein" else 10))
+    # dataset-major, then method, then split
+    assert [(c.dataset, c.method, c.split) for c in got[:3]] == [("boston", "ensemble-1", s) for s in range(3)]
+    order = [(UCI_DATASETS.index(c.dataset), UCI_METHODS.index(c.method), c.split) for c in got]
+    assert order == sorted(order)
+    assert len(set(got)) == len(got)
+
+
+def test_cells_max_splits_caps():
+    got = experiment.cells(UCIConfig(datasets=("protein", "yacht"), methods=("gp",), max_splits=7))
+    assert [(c.dataset, c.split) for c in got] == [("protein", s) for s in range(5)] + [("yacht", s) for s in range(7)]
+    got = experiment.cells(UCIConfig(datasets=("boston",), methods=("ensemble-4", "gp"), max_splits=2))
+    assert [(c.method, c.split) for c in got] == [("ensemble-4", 0), ("ensemble-4", 1), ("gp", 0), ("gp", 1)]
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"datasets": ("boston", "atlantis")}, "atlantis"),
+        ({"methods": ("gp", "mcd-1")}, "mcd-1"),
+        ({"datasets": ()}, "no datasets"),
+        ({"methods": ()}, "no datasets or no methods"),
+        ({"max_splits": -1}, "max_splits"),
+    ],
+)
+def test_cells_bad_config(changes, match):
+    with pytest.raises(ValueError, match=match):
+        experiment.cells(UCIConfig(**changes))
+
+
+def test_method_unknown_id():
+    with pytest.raises(ValueError, match="sghmc-1"):
+        experiment.method("sghmc-1", UCIConfig(), "boston", 13)
+
+
+def test_cells_csv():
+    records = [{f: i + 0.5 for f in CELL_FIELDS} | {"dataset": "yacht", "split": i, "method": "ensemble",
+                                                    "hidden_layers": 1, "selection": "x", "val_mnll": [1.0]}
+               for i in range(3)]
+    records[1]["test_mnll"] = 1 / 3
+    text = experiment.cells_csv(records)
+    lines = text.splitlines()
+    assert lines[0] == ",".join(CELL_FIELDS)
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == 3 and list(rows[0]) == list(CELL_FIELDS)  # extra keys (val_mnll) left out
+    assert [int(r["split"]) for r in rows] == [0, 1, 2]
+    assert float(rows[1]["test_mnll"]) == pytest.approx(1 / 3, rel=1e-5)
+    assert float(rows[2]["test_rmse"]) == 2.5
+    assert experiment.cells_csv([]).splitlines() == [",".join(CELL_FIELDS)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The L-BFGS of the ensembles against scipy (float64)
+
+
+@needs_mirror
+def test_lbfgs_check_against_scipy(monkeypatch):
+    monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
+    steps = 8
+    r = experiment.lbfgs_check(jax.random.key(0), UCIConfig(width=10), steps=steps)
+    assert r["n_params"] == 13 * 10 + 10 + 10 + 1  # boston: 13 inputs, one hidden layer of 10
+    # optax's fixed-step update is -0.5 gamma_k H_k g_k of scipy's inverse-Hessian product, at every step
+    assert r["direction_rel_err"].shape == (steps,)
+    assert r["direction_rel_err"].max() < 1e-8
+    # ensemble.train runs the same particle through the same iterations
+    assert r["fixed"].shape == r["train"].shape == (steps,)
+    np.testing.assert_allclose(r["train"], r["fixed"], rtol=1e-8)
+    # every optimiser starts from the same point
+    assert r["scipy"][0] == pytest.approx(r["fixed"][0], rel=1e-12)
+    assert r["zoom"][0] == pytest.approx(r["fixed"][0], rel=1e-12)
+    # L-BFGS-B's line search enforces sufficient decrease: its curve (start, then one value per iterate)
+    # never rises, and its result is its last iterate
+    sp = r["scipy"]
+    assert 2 <= len(sp) <= steps + 1
+    assert np.all(np.diff(sp) <= 1e-12 * np.abs(sp[:-1]))
+    assert r["final"]["scipy"] == pytest.approx(sp[-1], rel=1e-12)
+    assert r["scipy_nfev"] >= len(sp) - 1
+    assert all(np.isfinite(r[k]).all() for k in ("fixed", "zoom", "scipy"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# End to end through the CLI
+
+ARGV = ["run", "uci", "--profile", "quick", "--datasets", "yacht", "--methods", "ensemble-1", "--set", "max_splits=1",
+        "--set", "n_particles=8", "--set", "lbfgs_iters_per_step=1", "--set", "lbfgs_steps=4",
+        "--set", "noise_grid=[0.01, 0.1]", "--quiet"]
+ROW_KEYS = {"dataset", "method", "hidden_layers", "metric", "mean", "std", "n_splits", "paper_mean", "paper_std",
+            "verdict"}
+
+
+@needs_mirror
+def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert cli.main([*ARGV, "--out", str(out)]) == 0
+
+    summary = json.loads((out / "uci" / "summary.json").read_text())
+    for k in ("rows", "cells_total", "cells_within_1sd", "cells_better", "cells_worse"):
+        assert k in summary
+    rows = summary["rows"]
+    assert {r["metric"] for r in rows} == {"rmse", "mnll", "coverage95"}
+    for r in rows:
+        assert ROW_KEYS <= set(r)
+        assert (r["dataset"], r["method"], r["hidden_layers"], r["n_splits"]) == ("yacht", "ensemble", 1, 1)
+        assert r["std"] == 0.0  # one split
+    assert summary["cells_total"] == 2  # rmse and mnll are in the paper; coverage is not
+    assert (summary["cells_within_1sd"] + summary["cells_better"] + summary["cells_worse"]
+            + summary["cells_failed"]) == 2
+
+    cells = list(csv.DictReader(io.StringIO((out / "uci" / "cells.csv").read_text())))
+    assert len(cells) == 1 and list(cells[0]) == list(CELL_FIELDS)
+    assert (cells[0]["dataset"], cells[0]["split"], cells[0]["method"]) == ("yacht", "0", "ensemble")
+    assert float(cells[0]["noise_var_std_units"]) in (0.01, 0.1)
+    assert store.load(out / "uci").files["cells.csv"] == (out / "uci" / "cells.csv").read_text()
+
+    stored = list((tmp_path / "cache" / "uci-cells").glob("*/yacht/ensemble-1/split-0.json"))
+    assert len(stored) == 1
+    rec = json.loads(stored[0].read_text())
+    by_metric = {r["metric"]: r for r in rows}
+    assert by_metric["rmse"]["mean"] == pytest.approx(rec["test_rmse"], rel=1e-12)
+    assert by_metric["mnll"]["mean"] == pytest.approx(rec["test_mnll"], rel=1e-12)
+    assert float(cells[0]["test_rmse"]) == pytest.approx(rec["test_rmse"], rel=1e-5)
+    assert rec["noise_grid"] == [0.01, 0.1] and len(rec["val_mnll"]) == 2
+    assert rec["n_components"] + rec["diverged_particles"] == 8
+
+    # The same call again reuses the stored cell: nothing recomputed, nothing rewritten.
+    mtime = stored[0].stat().st_mtime_ns
+    assert cli.main([*ARGV, "--out", str(out)]) == 0
+    assert list((tmp_path / "cache" / "uci-cells").glob("*/yacht/ensemble-1/split-0.json")) == stored
+    assert stored[0].stat().st_mtime_ns == mtime
+    assert json.loads((out / "uci" / "summary.json").read_text())["rows"] == rows
+
+
+def test_cli_run_uci_bad_arguments(capsys):
+    assert cli.main(["run", "uci", "--set", "nosuchfield=1", "--quiet"]) == 2
+    assert "nosuchfield" in capsys.readouterr().err
+    assert cli.main(["run", "uci", "--profile", "quick", "--datasets", "atlantis", "--quiet"]) == 2
+    assert "atlantis" in capsys.readouterr().err
