@@ -274,10 +274,6 @@ def test_cell_store_record_that_is_not_an_object(tmp_path):
         assert st.get(cell) is None
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="CellStore.get tests `f in rec` on whatever JSON the file holds: a valid JSON scalar "
-                          "(null, a number) raises TypeError instead of warning and returning None, so run_cells "
-                          "crashes instead of recomputing the cell")
 @pytest.mark.parametrize("text", ["null", "0"])
 def test_cell_store_scalar_json_is_recomputed(tmp_path, text):
     st = harness.CellStore(tmp_path)
