@@ -4,6 +4,7 @@
     bootens run univariate --profile quick --out results/
     bootens run linear --profile paper --out results/ --force
     bootens run uci --profile paper --datasets boston yacht --methods ensemble-1 gp --workers 2
+    bootens run uci --profile paper --stored-only     # summarise the cells finished so far
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
 summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes.
@@ -73,8 +74,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, **{name: value})
     key = jax.random.key(cfg.seed)
     try:
-        result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
-    except ValueError as exc:
+        if args.stored_only:
+            if not hasattr(mod, "from_cells"):
+                print(f"bootens: --stored-only is for experiments stored cell by cell (uci), not {mod.NAME}",
+                      file=sys.stderr)
+                return 2
+            # Assemble the finished cells only (e.g. while a long run is still going, or after it was cut
+            # short); the summary lists the missing ones and the wall time is the cells' own.
+            root = mod._store_dir(key, cfg)
+            result = mod.from_cells(root, cfg, store.provenance())
+            result.provenance["wall_time_s"] = result.summary["wall_s_cells_total"]
+            result.provenance["assembled_from_stored_cells"] = True
+        else:
+            result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
     result.provenance["profile"] = config.profile(args.profile)
@@ -104,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a config field (JSON value), e.g. --set n_particles=50; repeatable")
     p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads)")
+    p_run.add_argument("--stored-only", action="store_true",
+                       help="uci: compute nothing; summarise the cells already stored (missing ones are listed)")
     p_run.set_defaults(fn=_cmd_run)
     args = parser.parse_args(argv)
     try:

@@ -92,3 +92,35 @@ def test_bad_profile_is_a_usage_error(capsys):
 def test_experiments_get_unknown():
     with pytest.raises(KeyError, match="known are deep-relu, linear, theory, toy-relu, uci, univariate"):
         experiments.get("nonesuch")
+
+
+def test_uci_stored_only_summarises_finished_cells(tmp_path, monkeypatch, capsys):
+    import jax
+
+    from bootens_core import harness
+    from bootens_core.config import UCIConfig
+    from bootens_core.experiments import uci
+
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["run", "uci", "--profile", "quick", "--quiet", "--datasets", "yacht", "--methods", "gp",
+            "--set", "max_splits=2", "--stored-only", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2  # nothing stored yet: one clear error, nothing computed
+    assert "no finished cell" in capsys.readouterr().err
+    cfg = UCIConfig.quick()
+    cfg = type(cfg)(**{**cfg.__dict__, "datasets": ("yacht",), "methods": ("gp",), "max_splits": 2})
+    rec = {f: 0 for f in harness.CELL_FIELDS} | {
+        "dataset": "yacht", "split": 1, "method": "gp", "hidden_layers": 0, "test_rmse": 0.5, "test_mnll": 1.0,
+        "coverage95": 0.9, "wall_s": 2.5, "diverged_particles": 0, "selection": "fitted with the model"}
+    harness.CellStore(uci._store_dir(jax.random.key(cfg.seed), cfg)).put(harness.Cell("yacht", 1, "gp"), rec)
+    assert cli.main(argv) == 0
+    s = json.loads((tmp_path / "out" / "uci" / "summary.json").read_text())
+    prov = json.loads((tmp_path / "out" / "uci" / "provenance.json").read_text())
+    assert s["n_cells"] == 1 and s["cells_missing"] == ["yacht/gp/split-0"]
+    assert prov["wall_time_s"] == 2.5 and prov["assembled_from_stored_cells"] is True
+    rmse = next(r for r in s["rows"] if r["metric"] == "rmse")
+    assert rmse["mean"] == 0.5 and rmse["n_splits"] == 1
+
+
+def test_stored_only_refused_for_other_experiments(tmp_path, capsys):
+    assert cli.main(["run", "univariate", "--stored-only", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "--stored-only is for experiments stored cell by cell" in capsys.readouterr().err

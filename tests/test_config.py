@@ -96,3 +96,12 @@ def test_univariate_config_has_the_papers_particle_count():
     cfg = UnivariateConfig.quick()
     assert cfg.n_particles == 200
     assert cfg.stages[0] == 0 and cfg.stages[-1] == cfg.steps
+
+
+def test_uci_profiles_use_the_line_search_and_faithful_keeps_the_fixed_step():
+    from bootens_core.config import UCIConfig
+
+    assert UCIConfig.paper().lbfgs_linesearch == "zoom" and UCIConfig.quick().lbfgs_linesearch == "zoom"
+    f = UCIConfig.faithful()
+    assert f.lbfgs_linesearch is None and f.lbfgs_step_size == 0.5 and f.lbfgs_steps * f.lbfgs_iters_per_step == 640
+    assert f.n_particles == 200 and f.weight_var == f.bias_var == 1.0 and not f.scale_by_fan_in

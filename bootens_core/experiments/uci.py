@@ -6,12 +6,16 @@ Methods (ids): ``ensemble-1`` / ``ensemble-4`` (Algorithm 1 on ReLU networks wit
 hyper-parameters and noise by the marginal likelihood / ELBO). The protocol is :mod:`bootens_core.harness`.
 
 **The L-BFGS of the paper** ("32 steps, step size 0.5") is read as 32 steps of ``lbfgs_iters_per_step``
-(20, torch.optim.LBFGS's default) iterations, 640 gradient evaluations in all, of the L-BFGS direction ``d_k = -P_k g_k`` (two-loop recursion over the last ``lbfgs_memory``
+(20, torch.optim.LBFGS's default) iterations, 640 in all, of the L-BFGS direction ``d_k = -P_k g_k``
+(two-loop recursion over the last ``lbfgs_memory``
 pairs, initial inverse Hessian ``gamma_k I`` with ``gamma_k = s'y / y'y``; at the first step
 ``gamma_0 = min(1, 1/|g_0|)``) followed by a fixed step ``theta += 0.5 d_k`` -- no line search
 (``optax.lbfgs(0.5, linesearch=None)``). :func:`lbfgs_check` shows on one particle that these directions
 are those of scipy's L-BFGS inverse-Hessian product, and sets the fixed-step run beside optax's line-search
-L-BFGS and scipy's L-BFGS-B.
+L-BFGS and scipy's L-BFGS-B. That fixed step is ``lbfgs_linesearch=None`` (:meth:`UCIConfig.faithful`); it
+diverges for many particles, so every profile uses optax's zoom line search (strong Wolfe conditions,
+first trial step 0.5, at most optax's default number of line-search evaluations per iteration) -- a named
+deviation.
 
 Each cell is stored as soon as it finishes (see :class:`~bootens_core.harness.CellStore`), under a folder
 keyed by the settings that change a cell's numbers, the PRNG key and the package source; a rerun with the
@@ -27,6 +31,7 @@ import io
 import json
 import math
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -52,6 +57,7 @@ __all__ = [
     "summarise",
     "cells_csv",
     "lbfgs_check",
+    "from_cells",
     "PAPER_METHODS",
 ]
 
@@ -182,6 +188,31 @@ def run(
         )
 
     records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.workers, force=force, progress=progress)
+    return _result(records, cfg, {**store.provenance(time.perf_counter() - start), "cell_store": str(root)})
+
+
+def from_cells(directory: str | Path, cfg: UCIConfig, provenance: dict[str, Any]) -> store.Result:
+    """The result of the cells of ``cfg`` already finished in the cell store ``directory``, computing nothing.
+
+    For assembling a record from cells computed elsewhere (e.g. a GPU run cut short): cells not in the store
+    are left out and listed in ``summary["cells_missing"]``; ``provenance`` says where the cells were made.
+    """
+    cell_store = harness.CellStore(directory)
+    records, missing = [], []
+    for cell in cells(cfg):
+        rec = cell_store.get(cell)
+        if rec is None:
+            missing.append(f"{cell.dataset}/{cell.method}/split-{cell.split}")
+        else:
+            records.append(rec)
+    if not records:
+        raise FileNotFoundError(f"no finished cell of this configuration under {directory}")
+    result = _result(records, cfg, {**provenance, "cell_store": str(directory)})
+    result.summary["cells_missing"] = missing
+    return result
+
+
+def _result(records: list[dict[str, Any]], cfg: UCIConfig, provenance: dict[str, Any]) -> store.Result:
     summary = summarise(records, cfg)
     arrays = {
         name: np.asarray([r[name] for r in records], dtype=dtype)
@@ -196,7 +227,7 @@ def run(
         config=as_dict(cfg),
         arrays=arrays,
         summary=summary,
-        provenance={**store.provenance(time.perf_counter() - start), "cell_store": str(root)},
+        provenance=provenance,
         files={"cells.csv": cells_csv(records)},
     )
 
