@@ -5,9 +5,32 @@ Keeping them here (not in notebooks) makes them testable and identical wherever 
 
 from __future__ import annotations
 
+import csv
+import functools
+import io
+from importlib import resources
 from typing import Any
 
-__all__ = ["Text", "univariate_verdict", "linear_verdicts", "toy_relu_verdicts", "deep_relu_verdicts", "theory_verdicts"]
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "Text",
+    "univariate_verdict",
+    "linear_verdicts",
+    "toy_relu_verdicts",
+    "deep_relu_verdicts",
+    "theory_verdicts",
+    "UCI_TABLE1",
+    "UCI_TABLES23",
+    "UCI_PENDING",
+    "uci_table",
+    "uci_size",
+    "uci_verdicts",
+    "uci_coverage",
+    "uci_runs",
+    "uci_lbfgs_summary",
+]
 
 
 class Text:
@@ -106,4 +129,143 @@ def theory_verdicts(s: dict[str, Any]) -> dict[str, Text]:
         "lemma1": Text("sign error confirmed; the corrected identity holds" if lem else "not settled"),
         "linear_rate": Text("matches the exact rate" if lin["max_z_vs_exact_kl_rate"] < 4 else "does NOT match"),
         "theorem1_linear": Text(t1),
+    }
+
+
+# The paper's method columns (Tables 1-3) as (method, hidden layers) -> label.
+_UCI_LABELS = {
+    ("ensemble", 1): "Ensemble 1-layer", ("ensemble", 4): "Ensemble 4-layer", ("mcd", 1): "MCD 1-layer",
+    ("mcd", 4): "MCD 4-layer", ("sghmc", 1): "SGHMC 1-layer", ("gp", 0): "GP",
+}
+# Table 1 of the paper shows these four columns; Tables 2-3 show all six.
+UCI_TABLE1 = (("ensemble", 1), ("ensemble", 4), ("mcd", 4), ("sghmc", 1))
+UCI_TABLES23 = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
+# Methods whose issue has not landed yet: shown as "pending", never as a number.
+UCI_PENDING = ("mcd", "sghmc")
+
+
+def _pm(mean: float, std: float) -> str:
+    if not np.isfinite(mean):
+        return "diverged"
+    return f"{mean:.3g} ± {std:.2g}" if abs(mean) >= 100 else f"{mean:.2f} ± {std:.2f}"
+
+
+def uci_table(
+    summary: dict[str, Any], metric: str, columns: tuple[tuple[str, int], ...] = UCI_TABLES23
+) -> pd.DataFrame:
+    """One of the paper's UCI tables for ``metric`` (``rmse``, ``mnll`` or ``coverage95``), ours beside theirs.
+
+    Rows: datasets (with their size n). Columns: for each (method, layers) of ``columns``, ``ours`` (mean ± std
+    over the splits run, and how many), ``paper`` (the published mean ± std, a reference) and ``verdict``.
+    A method whose issue has not landed shows "pending"; one not run in this profile shows "not run".
+    """
+    rows = {(r["dataset"], r["method"], int(r["hidden_layers"])): r for r in summary["rows"] if r["metric"] == metric}
+    from .experiments.uci import paper_reference
+
+    ref = paper_reference()
+    datasets = list(dict.fromkeys(summary["datasets"]))
+    index = pd.Index([f"{d} (n={uci_size(d)})" for d in datasets], name="dataset")
+    data: dict[tuple[str, str], list[str]] = {}
+    for meth, layers in columns:
+        label = _UCI_LABELS[(meth, layers)]
+        ours, paper, verdict = [], [], []
+        for d in datasets:
+            r = rows.get((d, meth, layers))
+            p = ref.get((d, meth, layers, metric))
+            paper.append(_pm(*p) if p else "—")
+            if r is not None:
+                ours.append(f"{_pm(r['mean'], r['std'])} ({r['n_splits']})")
+                verdict.append(r["verdict"] + (f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""))
+            else:
+                ours.append("pending" if meth in UCI_PENDING else "not run")
+                verdict.append("")
+        data[(label, "ours (splits)")] = ours
+        data[(label, "paper")] = paper
+        data[(label, "verdict")] = verdict
+    return pd.DataFrame(data, index=index)
+
+
+@functools.cache
+def uci_size(dataset: str) -> int:
+    """The number of rows of a UCI dataset, as the paper's tables give it."""
+    text = resources.files("bootens_core.data").joinpath("paper_uci_tables.csv").read_text()
+    sizes = {r["dataset"]: int(r["size"]) for r in csv.DictReader(io.StringIO(text))}
+    if dataset not in sizes:
+        raise KeyError(f"unknown UCI dataset {dataset!r}: known are {', '.join(sorted(sizes))}")
+    return sizes[dataset]
+
+
+def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
+    """Counts of the comparison with the paper's Tables 2-3 (RMSE and MNLL cells; coverage is ours only).
+
+    A cell is ``within`` when |ours - paper| <= max(the paper's std over splits, 0.005): the paper's own
+    split-to-split spread is the yardstick, and 0.005 its print resolution.
+    """
+    rows = [r for r in summary["rows"] if r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
+    count = {v: sum(r["verdict"] == v for r in rows) for v in ("within", "better", "worse", "failed")}
+    n = len(rows)
+    div = summary.get("diverged_particles_total", 0)
+    return {
+        "agree": Text(f"{count['within']} of {n}"),
+        "counts": Text(
+            f"{count['within']} of {n} RMSE/MNLL cells within the paper's ±1 std, {count['better']} better, "
+            f"{count['worse']} worse, {count['failed']} failed; {div} diverged particles"
+        ),
+    }
+
+
+def uci_coverage(summary: dict[str, Any]) -> pd.DataFrame:
+    """Coverage of the central 95% predictive interval on the test points (mean ± std over splits)."""
+    rows = [r for r in summary["rows"] if r["metric"] == "coverage95"]
+    out = pd.DataFrame(
+        {
+            "dataset": [r["dataset"] for r in rows],
+            "method": [_UCI_LABELS[(r["method"], int(r["hidden_layers"]))] for r in rows],
+            "coverage": [_pm(r["mean"], r["std"]) for r in rows],
+        }
+    )
+    return out.pivot(index="dataset", columns="method", values="coverage")
+
+
+def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
+    """Several runs of the same cells side by side (e.g. the faithful fixed step vs the line search).
+
+    ``runs`` maps a column label to a summary; rows are (dataset, method) pairs present in any run; entries are
+    mean ± std over splits with the number of diverged particles.
+    """
+    table: dict[str, dict[str, str]] = {}
+    for label, s in runs.items():
+        col = {}
+        for r in s["rows"]:
+            if r["metric"] != metric:
+                continue
+            name = f"{r['dataset']}, {_UCI_LABELS[(r['method'], int(r['hidden_layers']))]}"
+            div = f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""
+            col[name] = f"{_pm(r['mean'], r['std'])} ({r['n_splits']} splits{div})"
+        table[label] = col
+    names = list(dict.fromkeys(n for col in table.values() for n in col))
+    return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
+                        index=pd.Index(names, dtype=object))
+
+
+def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:
+    """Numbers of the L-BFGS check on one particle (:func:`bootens_core.experiments.uci.lbfgs_check`).
+
+    ``train_agree_iters``: iterations for which ``ensemble.train`` and the hand loop agree to relative ``tol``
+    (they start identical; the fixed step is not a descent method, so rounding differences of the batched
+    computation grow once the loss starts rising). ``fixed_rise_fraction``: share of fixed-step iterations
+    whose loss is above the previous one. ``loss_at_32``: the loss after the literal 32 iterations.
+    """
+    fixed, train = np.asarray(check["fixed"]), np.asarray(check["train"])
+    rel = np.abs(train - fixed) / np.abs(fixed)
+    bad = np.flatnonzero(rel > tol)
+    n32 = min(32, fixed.size - 1)
+    return {
+        "n_iters": int(fixed.size),
+        "direction_rel_err_max": float(np.max(check["direction_rel_err"])),
+        "train_agree_iters": int(bad[0]) if bad.size else int(fixed.size),
+        "fixed_rise_fraction": float(np.mean(np.diff(fixed) > 0)),
+        "loss_at_32": {k: float(np.asarray(check[k])[n32]) for k in ("fixed", "zoom", "scipy")},
+        "loss_final": dict(check["final"]),
+        "scipy_nfev": int(check["scipy_nfev"]),
     }

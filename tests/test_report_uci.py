@@ -1,0 +1,96 @@
+"""bootens_core.report, UCI part: tables, counts and the L-BFGS numbers follow their rules on known inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bootens_core import report
+from bootens_core.config import UCIConfig
+from bootens_core.experiments import uci
+
+
+def _records(values):
+    """Cell records as run_cell writes them: {(dataset, method, layers): [(rmse, mnll, coverage), ...]}."""
+    out = []
+    for (ds, meth, layers), splits in values.items():
+        for k, (rmse, mnll, cov) in enumerate(splits):
+            out.append({"dataset": ds, "method": meth, "hidden_layers": layers, "split": k, "test_rmse": rmse,
+                        "test_mnll": mnll, "coverage95": cov, "wall_s": 1.0, "diverged_particles": k})
+    return out
+
+
+@pytest.fixture
+def summary():
+    ref = uci.paper_reference()
+    p_rmse, p_std = ref[("boston", "ensemble", 1, "rmse")]
+    cfg = UCIConfig(datasets=("boston", "yacht"), methods=("ensemble-1", "gp"))
+    recs = _records({
+        # boston ensemble-1: RMSE exactly the paper's mean (within); MNLL far above (worse)
+        ("boston", "ensemble", 1): [(p_rmse, 50.0, 0.9), (p_rmse, 50.0, 0.96)],
+        # yacht gp: RMSE far below the paper's (better); MNLL not finite (failed)
+        ("yacht", "gp", 0): [(1e-3, float("nan"), 0.95)],
+    })
+    return uci.summarise(recs, cfg), p_rmse, p_std
+
+
+def test_uci_table_layout_and_entries(summary):
+    s, p_rmse, p_std = summary
+    t = report.uci_table(s, "rmse", report.UCI_TABLE1)
+    assert list(t.index) == ["boston (n=506)", "yacht (n=308)"]
+    labels = list(dict.fromkeys(c[0] for c in t.columns))
+    assert labels == ["Ensemble 1-layer", "Ensemble 4-layer", "MCD 4-layer", "SGHMC 1-layer"]
+    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "ours (splits)")] == f"{p_rmse:.2f} ± 0.00 (2)"
+    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "paper")] == f"{p_rmse:.2f} ± {p_std:.2f}"
+    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")] == "within, 1 diverged"
+    assert t.loc["boston (n=506)", ("Ensemble 4-layer", "ours (splits)")] == "not run"
+    assert t.loc["yacht (n=308)", ("MCD 4-layer", "ours (splits)")] == "pending"
+    assert t.loc["yacht (n=308)", ("SGHMC 1-layer", "ours (splits)")] == "pending"
+    full = report.uci_table(s, "mnll")
+    assert full.loc["yacht (n=308)", ("GP", "ours (splits)")].startswith("diverged")
+    assert full.loc["yacht (n=308)", ("GP", "verdict")] == "failed"
+    assert full.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")].startswith("worse")
+
+
+def test_uci_verdict_counts(summary):
+    s, *_ = summary
+    v = report.uci_verdicts(s)
+    # boston ens-1: rmse within, mnll worse; yacht gp: rmse better, mnll failed; coverage is not counted
+    assert str(v["agree"]) == "1 of 4"
+    assert str(v["counts"]).startswith("1 of 4 RMSE/MNLL cells within the paper's ±1 std, 1 better, 1 worse, 1 failed")
+
+
+def test_uci_coverage_pivot(summary):
+    s, *_ = summary
+    c = report.uci_coverage(s)
+    assert c.loc["boston", "Ensemble 1-layer"] == "0.93 ± 0.03"
+    assert c.loc["yacht", "GP"] == "0.95 ± 0.00"
+
+
+def test_uci_runs_side_by_side(summary):
+    s, *_ = summary
+    t = report.uci_runs({"a": s, "b": {"rows": []}}, "rmse")
+    assert list(t.columns) == ["a", "b"]
+    assert (t["b"] == "not run").all()
+    assert t.loc["boston, Ensemble 1-layer", "a"].endswith("(2 splits, 1 diverged)")
+
+
+def test_uci_size():
+    assert report.uci_size("protein") == 45730
+    with pytest.raises(KeyError, match="unknown UCI dataset 'nonesuch'"):
+        report.uci_size("nonesuch")
+
+
+def test_uci_lbfgs_summary_rules():
+    fixed = np.array([10.0, 8.0, 9.0, 7.0, 7.5, 6.0])
+    train = fixed.copy()
+    train[4:] += 1e-3
+    check = {"fixed": fixed, "train": train, "zoom": fixed - 1, "scipy": fixed - 2,
+             "direction_rel_err": np.array([0.0, 1e-16, 3e-15]), "final": {"fixed": 6.0, "zoom": 5.0, "scipy": 4.0},
+             "scipy_nfev": 9}
+    out = report.uci_lbfgs_summary(check)
+    assert out["train_agree_iters"] == 4
+    assert out["fixed_rise_fraction"] == pytest.approx(2 / 5)
+    assert out["direction_rel_err_max"] == 3e-15
+    assert out["loss_at_32"] == {"fixed": 6.0, "zoom": 5.0, "scipy": 4.0}  # shorter than 32: the last
+    assert out["n_iters"] == 6 and out["scipy_nfev"] == 9
