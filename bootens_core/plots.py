@@ -425,48 +425,59 @@ def uci_splits(result: Result, metrics: tuple[str, ...] = ("rmse", "mnll", "cove
         for j, metric in enumerate(metrics):
             ax = axes[i, j]
             col, label = _UCI_METRICS[metric]
-            spans = []
+            ours, papers, extra = [], [], []
             for k, m in enumerate(ids):
                 vals = np.asarray([r[col] for r in cells if r["dataset"] == d and r["id"] == m])
                 meth, layers = (m, 0) if m == "gp" else (m.rsplit("-", 1)[0], int(m.rsplit("-", 1)[1]))
                 p = ref.get((d, meth, layers, metric))
                 if p is not None:
                     ax.errorbar(k + 0.22, p[0], yerr=p[1], fmt="s", color=COLORS["paper"], ms=4, capsize=2,
-                                label="paper (mean ± std)" if (i, j, k) == (0, 0, 0) else None)
-                    spans += [p[0] - p[1], p[0] + p[1]]
-                finite = vals[np.isfinite(vals)]
-                if finite.size:
-                    spans += list(np.percentile(finite, [0, 100]))
-                vals_plot = (k - 0.12 + 0.12 * rng.uniform(-1, 1, vals.size), vals)
-                ax.plot(*vals_plot, "o", ms=3, alpha=0.6, color=COLORS["particles"],
-                        label="ours, one split" if (i, j, k) == (0, 0, 0) else None)
+                                )
+                    papers.append(p)
+                ours += list(vals)
+                ax.plot(k - 0.12 + 0.12 * rng.uniform(-1, 1, vals.size), vals, "o", ms=3, alpha=0.6,
+                        color=COLORS["particles"])
                 if vals.size:
                     ax.errorbar(k - 0.12, np.mean(vals), yerr=np.std(vals), fmt="o", color=COLORS["data"], ms=4,
-                                capsize=2, label="ours (mean ± std)" if (i, j, k) == (0, 0, 0) else None)
+                                capsize=2)
             if metric == "coverage95":
                 ax.axhline(0.95, color=COLORS["prior"], ls=":", lw=1)
-                spans += [0.95]
-            _clip_outliers(ax, spans)
+                extra.append(0.95)
+            _clip_outliers(ax, ours, papers, extra)
             ax.set_xticks(range(len(ids)), ids, rotation=0)
             ax.set_xlim(-0.6, len(ids) - 0.4)
             ax.set_title(f"{d}: {label}")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
-    fig.tight_layout(rect=(0, 0.25 / (1.9 * len(datasets) + 0.4), 1, 1))
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], ls="", marker="o", ms=3, alpha=0.6, color=COLORS["particles"], label="ours, one split"),
+        Line2D([], [], ls="-", marker="o", ms=4, color=COLORS["data"], label="ours (mean ± std over splits)"),
+        Line2D([], [], ls="-", marker="s", ms=4, color=COLORS["paper"], label="paper (mean ± std, published)"),
+        Line2D([], [], ls="", marker="^", ms=5, color=COLORS["law"], label="off the axis (value written)"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / (1.9 * len(datasets) + 0.4), 1, 1))
     return fig
 
 
-def _clip_outliers(ax, spans: list[float]) -> None:
-    """Limit the y-axis to the reference range (paper ± std, median-based spread of ours) and draw the points
-    beyond it as triangles at the edge labelled with their value."""
-    spans = np.asarray([s for s in spans if np.isfinite(s)])
-    if spans.size == 0:
+def _clip_outliers(ax, ours: list[float], paper: list[tuple[float, float]], extra: list[float]) -> None:
+    """Fit the y-axis to the readable values and draw the outliers (a diverged split, a non-finite value) as
+    red triangles at the edge with their value written beside them.
+
+    An outlier lies more than 50 scales from the median of our finite values and the paper's means, the
+    scale being the largest of their median absolute deviation, the paper's stds and 5% of the median.
+    """
+    ours_a = np.asarray(ours, float)
+    centre = np.concatenate([ours_a[np.isfinite(ours_a)], [m for m, _ in paper]])
+    if centre.size == 0:
         return
+    med = float(np.median(centre))
+    scale = max(float(np.median(np.abs(centre - med))), max((sd for _, sd in paper), default=0.0),
+                0.05 * abs(med), 1e-12)
+    readable = centre[np.abs(centre - med) <= 50 * scale]
+    spans = np.concatenate([readable, [m - sd for m, sd in paper], [m + sd for m, sd in paper], extra])
     lo, hi = float(np.min(spans)), float(np.max(spans))
-    med = float(np.median(spans))
-    scale = max(float(np.median(np.abs(spans - med))), 1e-3 * max(abs(med), 1.0))
-    lo, hi = max(lo, med - 20 * scale), min(hi, med + 20 * scale)
-    pad = 0.12 * (hi - lo) if hi > lo else 0.5
+    pad = 0.08 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1.0)
     lo, hi = lo - pad, hi + pad
     for line in list(ax.lines):
         x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)

@@ -224,14 +224,14 @@ def uci_coverage(summary: dict[str, Any]) -> pd.DataFrame:
             "coverage": [_pm(r["mean"], r["std"]) for r in rows],
         }
     )
-    return out.pivot(index="dataset", columns="method", values="coverage")
+    return out.pivot(index="dataset", columns="method", values="coverage").fillna("not run")
 
 
 def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
     """Several runs of the same cells side by side (e.g. the faithful fixed step vs the line search).
 
-    ``runs`` maps a column label to a summary; rows are (dataset, method) pairs present in any run; entries are
-    mean ± std over splits with the number of diverged particles.
+    ``runs`` maps a column label to a summary; rows are the (dataset, method) pairs of the first run; entries
+    are mean ± std over splits with the number of diverged particles.
     """
     table: dict[str, dict[str, str]] = {}
     for label, s in runs.items():
@@ -243,7 +243,7 @@ def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
             div = f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""
             col[name] = f"{_pm(r['mean'], r['std'])} ({r['n_splits']} splits{div})"
         table[label] = col
-    names = list(dict.fromkeys(n for col in table.values() for n in col))
+    names = list(next(iter(table.values()), {}))
     return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
                         index=pd.Index(names, dtype=object))
 
