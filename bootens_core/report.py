@@ -29,6 +29,7 @@ __all__ = [
     "uci_verdicts",
     "uci_coverage",
     "uci_runs",
+    "uci_noise_selection",
     "uci_lbfgs_summary",
 ]
 
@@ -246,6 +247,32 @@ def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
     names = list(next(iter(table.values()), {}))
     return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
                         index=pd.Index(names, dtype=object))
+
+
+def uci_noise_selection(result: Any) -> pd.DataFrame:
+    """The likelihood variance each cell used, in standardised label units, per dataset and method.
+
+    For the grid-selected methods, the median over splits and how many splits chose the smallest or the
+    largest grid value (a choice at an edge means the grid may have cut off the validation optimum); for the
+    GP, whose noise is fitted by the marginal likelihood, the median fitted value (edges do not apply).
+    ``result`` is a UCI :class:`~bootens_core.store.Result` (its ``cells.csv`` and ``config``).
+    """
+    cells = pd.read_csv(io.StringIO(result.files["cells.csv"]))
+    grid = result.config["noise_grid"]
+    lo, hi = min(grid), max(grid)
+    rows = []
+    for (d, m, layers), g in cells.groupby(["dataset", "method", "hidden_layers"], sort=False):
+        v = g["noise_var_std_units"].to_numpy(float)
+        fitted = m == "gp"
+        rows.append({
+            "dataset": d,
+            "method": _UCI_LABELS[(m, int(layers))],
+            "splits": len(v),
+            "median σ² (std units)": f"{np.median(v):.2g}",
+            f"at grid min {lo:g}": "—" if fitted else int(np.sum(np.isclose(v, lo))),
+            f"at grid max {hi:g}": "—" if fitted else int(np.sum(np.isclose(v, hi))),
+        })
+    return pd.DataFrame(rows).set_index(["dataset", "method"])
 
 
 def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:

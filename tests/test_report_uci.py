@@ -94,3 +94,24 @@ def test_uci_lbfgs_summary_rules():
     assert out["direction_rel_err_max"] == 3e-15
     assert out["loss_at_32"] == {"fixed": 6.0, "zoom": 5.0, "scipy": 4.0}  # shorter than 32: the last
     assert out["n_iters"] == 6 and out["scipy_nfev"] == 9
+
+
+def test_uci_noise_selection_counts_grid_edges():
+    from bootens_core.store import Result
+
+    grid = UCIConfig().noise_grid
+    csv_text = "dataset,split,method,hidden_layers,noise_var_std_units\n" + "\n".join([
+        "yacht,0,ensemble,1,0.0001", "yacht,1,ensemble,1,0.0001", "yacht,2,ensemble,1,0.001",
+        "boston,0,ensemble,1,1.0", "boston,1,ensemble,1,0.03",
+        "boston,0,gp,0,0.0000123", "boston,1,gp,0,0.5",
+    ])
+    res = Result("uci", {"noise_grid": list(grid)}, {}, {}, files={"cells.csv": csv_text})
+    t = report.uci_noise_selection(res)
+    lo, hi = f"at grid min {min(grid):g}", f"at grid max {max(grid):g}"
+    y = t.loc[("yacht", "Ensemble 1-layer")]
+    assert (y["splits"], y[lo], y[hi], y["median σ² (std units)"]) == (3, 2, 0, "0.0001")
+    b = t.loc[("boston", "Ensemble 1-layer")]
+    assert (b[lo], b[hi]) == (0, 1)
+    # the GP's noise is fitted: below the grid's minimum is no edge choice
+    g = t.loc[("boston", "GP")]
+    assert (g[lo], g[hi], g["median σ² (std units)"]) == ("—", "—", "0.25")
