@@ -6,6 +6,10 @@
   over chains inside ``jax.lax.scan`` over steps); only the kept states are stored, so chains of hundreds of
   thousands of steps on models with tens of thousands of parameters fit in memory.
 - :func:`nuts_model`: NumPyro's NUTS on the same flattened log joint (a faster reference where gradients help).
+- :func:`sghmc_model`: scale-adapted stochastic-gradient HMC (Springenberg et al., 2016), the paper's SGHMC
+  baseline on UCI (restarts from prior draws, an adapting burn-in, then thinned draws; minibatch gradients);
+  its kernel :func:`sghmc_init` / :func:`sghmc_step` (state :class:`SGHMCState`, :class:`SGHMCHyper`) works on
+  any parameter pytree or flat vector.
 - :func:`rhat`, :func:`ess`: ArviZ's rank-normalised split R-hat and effective sample sizes;
   :func:`predictive_diagnostics` applies them to the predictive function values, as the paper reports R-hat
   "on the predictive models".
@@ -29,9 +33,13 @@ from ._common import MCMCResult, log_density_fn
 from .diagnostics import ess, predictive_diagnostics, rhat
 from .mh import metropolis, metropolis_model
 from .nuts import nuts_model
+from .sghmc import SGHMCHyper, SGHMCInfo, SGHMCState, sghmc_init, sghmc_model, sghmc_step
 
 __all__ = [
     "MCMCResult",
+    "SGHMCHyper",
+    "SGHMCInfo",
+    "SGHMCState",
     "ess",
     "log_density_fn",
     "metropolis",
@@ -39,4 +47,7 @@ __all__ = [
     "nuts_model",
     "predictive_diagnostics",
     "rhat",
+    "sghmc_init",
+    "sghmc_model",
+    "sghmc_step",
 ]
