@@ -3,7 +3,9 @@
 Methods (ids): ``ensemble-1`` / ``ensemble-4`` (Algorithm 1 on ReLU networks with 1 / 4 hidden layers of
 ``width`` units, ``n_particles`` particles trained together by L-BFGS, sigma^2 selected on validation MNLL);
 ``gp`` (GPflow: exact GPR with an isotropic squared-exponential kernel, SVGP for the ``svgp_datasets``;
-hyper-parameters and noise by the marginal likelihood / ELBO). The protocol is :mod:`bootens_core.harness`.
+hyper-parameters and noise by the marginal likelihood / ELBO); ``mcd-1`` / ``mcd-4`` (MC dropout on Gal's UCI
+protocol, :mod:`bootens_core.dropout`: its own grid of dropout rate x precision, selected on the last 20% of
+the training split). The protocol is :mod:`bootens_core.harness`.
 
 **The L-BFGS of the paper** ("32 steps, step size 0.5") is read as 32 steps of ``lbfgs_iters_per_step``
 (20, torch.optim.LBFGS's default) iterations, 640 in all, of the L-BFGS direction ``d_k = -P_k g_k``
@@ -18,8 +20,9 @@ first trial step 0.5, at most optax's default number of line-search evaluations 
 deviation.
 
 Each cell is stored as soon as it finishes (see :class:`~bootens_core.harness.CellStore`), under a folder
-keyed by the settings that change a cell's numbers, the PRNG key and the package source; a rerun with the
-same settings resumes.
+keyed by the PRNG key and, per method family, by the settings, modules and code that change that family's
+numbers (:data:`_FAMILIES`); a rerun with the same settings resumes, and an edit to one method keeps the
+finished cells of the others.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -39,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import ensemble, harness, models, store
+from .. import dropout, ensemble, harness, models, store
 from ..config import UCI_METHODS, UCIConfig, as_dict
 from ..data import uci
 from ..harness import Cell, Method, Prediction
@@ -107,37 +111,62 @@ def _lbfgs(step_size: float, memory: int, linesearch: str | None) -> ensemble.Op
     return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
 
 
-def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int) -> Method:
-    """The :class:`~bootens_core.harness.Method` of a method id for one dataset."""
-    if method_id.startswith("ensemble-"):
-        layers = int(method_id.split("-")[1])
-        model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-        opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch)
-        dtype = jnp.dtype(cfg.dtype)
+def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
+    opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch)
+    dtype = jnp.dtype(cfg.dtype)
 
-        def fit_ensemble(key, x, y, x_eval, noise_var):
-            res = ensemble.train(
-                key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
-                steps=cfg.lbfgs_steps * cfg.lbfgs_iters_per_step, dtype=dtype, on_diverged="report",
-            )
-            f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
-            ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
-            return Prediction(f[ok], noise_var, int((~ok).sum()))
+    def fit_ensemble(key, x, y, x_eval, noise_var):
+        res = ensemble.train(
+            key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
+            steps=cfg.lbfgs_steps * cfg.lbfgs_iters_per_step, dtype=dtype, on_diverged="report",
+        )
+        f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
+        ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
+        return Prediction(f[ok], noise_var, int((~ok).sum()))
 
-        return Method("ensemble", layers, True, fit_ensemble)
-    if method_id == "gp":
-        kind = "svgp" if dataset in cfg.svgp_datasets else "gpr"
+    return Method("ensemble", layers, True, fit_ensemble)
 
-        def fit_gp(key, x, y, x_eval, noise_var):
-            from .. import gp
 
-            g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter)
-            info = {"kind": kind, "lengthscale": g.lengthscale, "signal_var": g.signal_var,
-                    "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged)}
-            return Prediction(g.mean[None], g.var, 0, float(g.noise_var), info)
+def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    kind = "svgp" if dataset in cfg.svgp_datasets else "gpr"
 
-        return Method("gp", 0, False, fit_gp)
-    raise ValueError(f"unknown UCI method {method_id!r}: built so far are {', '.join(UCI_METHODS)}")
+    def fit_gp(key, x, y, x_eval, noise_var):
+        from .. import gp
+
+        g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter)
+        info = {"kind": kind, "lengthscale": g.lengthscale, "signal_var": g.signal_var,
+                "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged)}
+        return Prediction(g.mean[None], g.var, 0, float(g.noise_var), info)
+
+    return Method("gp", 0, False, fit_gp)
+
+
+def _mcd_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    grid = dropout.protocol_grid(dataset)
+
+    def fit_mcd(key, x, y, x_eval, noise_var):
+        # Gal's protocol selects its own (dropout rate, tau) on the last 20% of the training split; tau is a
+        # precision in original label units, hence y_scale.
+        return dropout.fit_select(
+            key, x, y, x_eval, hidden_layers=layers, width=cfg.width, dropout_grid=grid.dropout_rates,
+            tau_grid=grid.tau_values, epochs=grid.n_epochs * cfg.mcd_epochs_x, n_samples=cfg.mcd_samples,
+            y_scale=y_std,
+        )
+
+    return Method("mcd", layers, False, fit_mcd)
+
+
+_BUILDERS = {"ensemble": _ensemble_method, "gp": _gp_method, "mcd": _mcd_method}
+
+
+def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int, y_std: float = 1.0) -> Method:
+    """The :class:`~bootens_core.harness.Method` of a method id for one dataset (``y_std``: the training
+    labels' standard deviation, for methods whose hyper-parameters are in original label units)."""
+    family, _, layers = method_id.partition("-")
+    if method_id not in UCI_METHODS or family not in _BUILDERS:
+        raise ValueError(f"unknown UCI method {method_id!r}: built so far are {', '.join(UCI_METHODS)}")
+    return _BUILDERS[family](cfg, dataset, int(layers or 0), in_dim, y_std)
 
 
 def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
@@ -146,22 +175,63 @@ def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
     return jax.random.fold_in(k, cell.split)
 
 
-# The modules whose code decides a cell's numbers: an edit to any of them starts a fresh cell store; edits
-# elsewhere (figures, reports, the CLI) keep finished cells, so a long paper-scale run survives them.
-_CELL_SOURCES = (
-    "harness.py", "ensemble.py", "models.py", "perturb.py", "metrics.py", "gp.py", "config.py",
-    "data/uci.py", "experiments/uci.py",
-)
+# What decides a cell's numbers. Common to every cell: the protocol (harness, metrics, the loader), the
+# fields below and the code of _compute_cell / _cell_key. Per method family: the config fields it reads, the
+# package modules it runs and the source of its builder above. Cells are stored per family under a folder
+# named by a hash of all that, so an edit to one method (or a new method) keeps the others' finished cells.
+_COMMON_FIELDS = ("seed", "noise_grid", "val_fraction")
+_COMMON_SOURCES = ("harness.py", "metrics.py", "data/uci.py")
+_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "ensemble": (
+        ("n_particles", "width", "weight_var", "bias_var", "scale_by_fan_in", "lbfgs_steps",
+         "lbfgs_iters_per_step", "lbfgs_step_size", "lbfgs_memory", "lbfgs_linesearch", "dtype"),
+        ("ensemble.py", "models.py", "perturb.py"),
+    ),
+    "gp": (("gp_max_iter", "svgp_datasets", "n_inducing"), ("gp.py",)),
+    "mcd": (("width", "mcd_epochs_x", "mcd_samples"), ("dropout.py",)),
+}
 
 
-def _store_dir(key: jax.Array, cfg: UCIConfig):
-    """Cells are kept per (settings that change a cell, key, source of :data:`_CELL_SOURCES`); the selection
-    of datasets, methods and splits and the number of workers do not change a cell, so runs of subsets
-    share cells."""
-    fields = {k: v for k, v in as_dict(cfg).items() if k not in ("datasets", "methods", "max_splits", "workers")}
-    src = store.source_hash(_CELL_SOURCES)
-    blob = json.dumps({"cfg": fields, "key": store._key_data(key), "src": src}, sort_keys=True)
+def _family_hash(cfg: UCIConfig, family: str) -> str:
+    fields, sources = _FAMILIES[family]
+    values = {k: v for k, v in as_dict(cfg).items() if k in _COMMON_FIELDS + fields}
+    code = "".join(inspect.getsource(f) for f in (_compute_cell, _cell_key, _BUILDERS[family]))
+    blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + sources), "code": code},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+class _CellStore(harness.CellStore):
+    """A :class:`~bootens_core.harness.CellStore` whose cells of each method family live in a folder named by
+    that family's hash: ``<root>/<dataset>/<method id>-<hash>/split-<k>.json``."""
+
+    def __init__(self, root: str | Path, cfg: UCIConfig):
+        super().__init__(root)
+        self._hash = {family: _family_hash(cfg, family) for family in _FAMILIES}
+
+    def path(self, cell: Cell) -> Path:
+        family = cell.method.partition("-")[0]
+        return self.root / cell.dataset / f"{cell.method}-{self._hash[family]}" / f"split-{cell.split}.json"
+
+
+def _store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
+    """The cell store of a run's key (the method families' folders inside keep the rest apart; the selection
+    of datasets, methods and splits and the number of workers do not change a cell, so runs of subsets share
+    cells)."""
+    blob = json.dumps({"key": store._key_data(key), "layout": 2}, sort_keys=True)
     return store.cache_dir() / "uci-cells" / hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cell_store(key: jax.Array, cfg: UCIConfig) -> harness.CellStore:
+    return _CellStore(_store_dir(key, cfg), cfg)
+
+
+def _compute_cell(key: jax.Array, cfg: UCIConfig, cell: Cell) -> dict[str, Any]:
+    data = uci.load(cell.dataset, cell.split)
+    m = method(cell.method, cfg, cell.dataset, data.x_train.shape[1], data.y_std)
+    return harness.run_cell(
+        _cell_key(key, cell), m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed, val_fraction=cfg.val_fraction,
+    )
 
 
 def run(
@@ -176,18 +246,10 @@ def run(
     if not use_cache:
         import tempfile
 
-        root = tempfile.mkdtemp(prefix="bootens-uci-cells-")
-    cell_store = harness.CellStore(root)
-
-    def compute(cell: Cell) -> dict[str, Any]:
-        data = uci.load(cell.dataset, cell.split)
-        m = method(cell.method, cfg, cell.dataset, data.x_train.shape[1])
-        return harness.run_cell(
-            _cell_key(key, cell), m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed,
-            val_fraction=cfg.val_fraction,
-        )
-
-    records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.workers, force=force, progress=progress)
+        root = Path(tempfile.mkdtemp(prefix="bootens-uci-cells-"))
+    cell_store = _CellStore(root, cfg)
+    records = harness.run_cells(all_cells, functools.partial(_compute_cell, key, cfg), cell_store,
+                                workers=cfg.workers, force=force, progress=progress)
     return _result(records, cfg, {**store.provenance(time.perf_counter() - start), "cell_store": str(root)})
 
 
@@ -197,7 +259,7 @@ def from_cells(directory: str | Path, cfg: UCIConfig, provenance: dict[str, Any]
     For assembling a record from cells computed elsewhere (e.g. a GPU run cut short): cells not in the store
     are left out and listed in ``summary["cells_missing"]``; ``provenance`` says where the cells were made.
     """
-    cell_store = harness.CellStore(directory)
+    cell_store = _CellStore(directory, cfg)
     records, missing = [], []
     for cell in cells(cfg):
         rec = cell_store.get(cell)

@@ -183,7 +183,7 @@ def test_cells_max_splits_caps():
     ("changes", "match"),
     [
         ({"datasets": ("boston", "atlantis")}, "atlantis"),
-        ({"methods": ("gp", "mcd-1")}, "mcd-1"),
+        ({"methods": ("gp", "sghmc-1")}, "sghmc-1"),
         ({"datasets": ()}, "no datasets"),
         ({"methods": ()}, "no datasets or no methods"),
         ({"max_splits": -1}, "max_splits"),
@@ -280,7 +280,7 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
     assert float(cells[0]["noise_var_std_units"]) in (0.01, 0.1)
     assert store.load(out / "uci").files["cells.csv"] == (out / "uci" / "cells.csv").read_text()
 
-    stored = list((tmp_path / "cache" / "uci-cells").glob("*/yacht/ensemble-1/split-0.json"))
+    stored = list((tmp_path / "cache" / "uci-cells").glob("*/yacht/ensemble-1-*/split-0.json"))
     assert len(stored) == 1
     rec = json.loads(stored[0].read_text())
     by_metric = {r["metric"]: r for r in rows}
@@ -293,7 +293,7 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
     # The same call again reuses the stored cell: nothing recomputed, nothing rewritten.
     mtime = stored[0].stat().st_mtime_ns
     assert cli.main([*ARGV, "--out", str(out)]) == 0
-    assert list((tmp_path / "cache" / "uci-cells").glob("*/yacht/ensemble-1/split-0.json")) == stored
+    assert list((tmp_path / "cache" / "uci-cells").glob("*/yacht/ensemble-1-*/split-0.json")) == stored
     assert stored[0].stat().st_mtime_ns == mtime
     assert json.loads((out / "uci" / "summary.json").read_text())["rows"] == rows
 
@@ -303,3 +303,55 @@ def test_cli_run_uci_bad_arguments(capsys):
     assert "nosuchfield" in capsys.readouterr().err
     assert cli.main(["run", "uci", "--profile", "quick", "--datasets", "atlantis", "--quiet"]) == 2
     assert "atlantis" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the cell store: one folder per method family, keyed by what decides that family's numbers
+
+
+def test_cell_store_paths_follow_only_their_family(tmp_path):
+    from bootens_core.harness import Cell
+
+    base = UCIConfig()
+    cells = {m: Cell("boston", 3, m) for m in UCI_METHODS}
+
+    def paths(cfg):
+        st = experiment._CellStore(tmp_path, cfg)
+        return {m: st.path(c) for m, c in cells.items()}
+
+    p0 = paths(base)
+    assert p0 == paths(UCIConfig())  # deterministic
+    assert p0["ensemble-1"].parent.name.startswith("ensemble-1-") and p0["ensemble-1"].name == "split-3.json"
+    # the selection of datasets, methods, splits and the workers change no cell
+    assert p0 == paths(UCIConfig(datasets=("boston",), methods=("gp",), max_splits=2, workers=2))
+    # a family's own setting moves only that family's cells
+    for change, family in (({"n_particles": 7}, "ensemble"), ({"n_inducing": 50}, "gp"), ({"mcd_samples": 9}, "mcd")):
+        p = paths(UCIConfig(**change))
+        moved = {m for m in UCI_METHODS if p[m] != p0[m]}
+        assert moved == {m for m in UCI_METHODS if m.startswith(family)}, change
+    # a setting of the protocol moves every cell
+    p = paths(UCIConfig(val_fraction=0.25))
+    assert all(p[m] != p0[m] for m in UCI_METHODS)
+    # the run's key chooses the root
+    assert experiment._store_dir(jax.random.key(0), base) != experiment._store_dir(jax.random.key(1), base)
+
+
+@needs_mirror
+def test_mcd_cell_on_yacht(monkeypatch):
+    """One MC-dropout cell end to end: Gal's grid of the dataset, its selection recorded, scores finite."""
+    from bootens_core import dropout, harness
+    from bootens_core.data import uci
+
+    monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
+    cfg = UCIConfig(mcd_epochs_x=1, mcd_samples=50, width=8)
+    cell = harness.Cell("yacht", 0, "mcd-1")
+    rec = experiment._compute_cell(jax.random.key(0), cfg, cell)
+    grid = dropout.protocol_grid("yacht")
+    info = rec["info"]
+    assert info["dropout"] in grid.dropout_rates and info["tau"] in grid.tau_values
+    assert (rec["method"], rec["hidden_layers"], rec["n_components"]) == ("mcd", 1, 50)
+    assert rec["selection"] == "fitted with the model"
+    # the likelihood variance is the chosen precision's inverse, in original label units
+    assert rec["noise_var"] == pytest.approx(1 / info["tau"], rel=1e-9)
+    assert rec["noise_var_std_units"] == pytest.approx(1 / (info["tau"] * uci.load("yacht", 0).y_std ** 2), rel=1e-9)
+    assert all(math.isfinite(rec[k]) for k in ("test_rmse", "test_mnll", "coverage95"))
