@@ -321,7 +321,7 @@ class UCIConfig:
     @classmethod
     def quick(cls) -> UCIConfig:
         return cls(datasets=("boston", "yacht"), methods=("ensemble-1", "gp", "mcd-1", "mcd-4"), max_splits=3,
-                   n_particles=50, mcd_epochs_x=10, mcd_samples=1000)
+                   n_particles=50, mcd_samples=1000)
 
     @classmethod
     def paper(cls) -> UCIConfig:

@@ -709,5 +709,6 @@ def fit_select(
         "lengthscale": lengthscale, "lr": lr, "adam_eps": adam_eps, "dtype": jnp.dtype(dtype).name,
         "weight_decay": float(weight_decay(p_best, t_best, x_all.shape[0], lengthscale)),
         "final_loss": float(final.loss[-1]),
+        "selection": f"validation log-likelihood over {len(ps)} dropout rates x {len(ts)} tau (last 20%)",
     }
     return Prediction(f=f[ok], var=var, diverged=int((~ok).sum()), noise_var=var, info=info)

@@ -177,7 +177,7 @@ def run_cell(
     else:
         pred = method.fit(k_fit, data.x_train, data.y_train, data.x_test, None)
         noise_var = float(pred.noise_var) if pred.noise_var is not None else math.nan
-        selection = "fitted with the model"
+        selection = (pred.info or {}).get("selection", "fitted with the model")
     scores = evaluate(data.y_test, pred, data.y_std)
     if pred.info:
         record["info"] = pred.info

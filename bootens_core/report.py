@@ -252,9 +252,10 @@ def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
 def uci_noise_selection(result: Any) -> pd.DataFrame:
     """The likelihood variance each cell used, in standardised label units, per dataset and method.
 
-    For the grid-selected methods, the median over splits and how many splits chose the smallest or the
-    largest grid value (a choice at an edge means the grid may have cut off the validation optimum); for the
-    GP, whose noise is fitted by the marginal likelihood, the median fitted value (edges do not apply).
+    For the methods that select it on the ``noise_grid`` (the ensembles), the median over splits and how many
+    splits chose the smallest or the largest grid value (a choice at an edge means the grid may have cut off
+    the validation optimum); for the others (the GP's marginal likelihood, MC dropout's 1/tau from Gal's own
+    grid), the median value (edges of the noise grid do not apply).
     ``result`` is a UCI :class:`~bootens_core.store.Result` (its ``cells.csv`` and ``config``).
     """
     cells = pd.read_csv(io.StringIO(result.files["cells.csv"]))
@@ -263,7 +264,7 @@ def uci_noise_selection(result: Any) -> pd.DataFrame:
     rows = []
     for (d, m, layers), g in cells.groupby(["dataset", "method", "hidden_layers"], sort=False):
         v = g["noise_var_std_units"].to_numpy(float)
-        fitted = m == "gp"
+        fitted = (not str(g["selection"].iloc[0]).startswith("validation MNLL")) if "selection" in g else m == "gp"
         rows.append({
             "dataset": d,
             "method": _UCI_LABELS[(m, int(layers))],

@@ -115,3 +115,16 @@ def test_uci_noise_selection_counts_grid_edges():
     # the GP's noise is fitted: below the grid's minimum is no edge choice
     g = t.loc[("boston", "GP")]
     assert (g[lo], g[hi], g["median σ² (std units)"]) == ("—", "—", "0.25")
+
+
+def test_uci_noise_selection_uses_the_selection_column():
+    from bootens_core.store import Result
+
+    csv_text = "dataset,split,method,hidden_layers,noise_var_std_units,selection\n" + "\n".join([
+        "yacht,0,ensemble,1,0.0001,validation MNLL over 9 values",
+        "yacht,0,mcd,4,0.0001,validation log-likelihood over 4 dropout rates x 3 tau (last 20%)",
+    ])
+    t = report.uci_noise_selection(Result("uci", {"noise_grid": [1e-4, 1.0]}, {}, {}, files={"cells.csv": csv_text}))
+    assert t.loc[("yacht", "Ensemble 1-layer"), "at grid min 0.0001"] == 1
+    # MC dropout's variance is 1/tau of its own grid: the noise grid's edges do not apply
+    assert t.loc[("yacht", "MCD 4-layer"), "at grid min 0.0001"] == "—"

@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 NAME = "uci"
-DESCRIPTION = "UCI regression: ensembles (1 and 4 layers) and GP baselines vs the paper's Tables 1-3"
+DESCRIPTION = "UCI regression: ensembles and MC dropout (1 and 4 layers) and GP baselines vs the paper's Tables 1-3"
 ARTEFACTS = ("Table 1", "Table 2", "Table 3")
 Config = UCIConfig
 

@@ -350,7 +350,7 @@ def test_mcd_cell_on_yacht(monkeypatch):
     info = rec["info"]
     assert info["dropout"] in grid.dropout_rates and info["tau"] in grid.tau_values
     assert (rec["method"], rec["hidden_layers"], rec["n_components"]) == ("mcd", 1, 50)
-    assert rec["selection"] == "fitted with the model"
+    assert rec["selection"] == "validation log-likelihood over 4 dropout rates x 3 tau (last 20%)"
     # the likelihood variance is the chosen precision's inverse, in original label units
     assert rec["noise_var"] == pytest.approx(1 / info["tau"], rel=1e-9)
     assert rec["noise_var_std_units"] == pytest.approx(1 / (info["tau"] * uci.load("yacht", 0).y_std ** 2), rel=1e-9)
