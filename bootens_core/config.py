@@ -266,7 +266,7 @@ class TheoryConfig:
 UCI_DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 # Method ids of the UCI harness: "<method>-<hidden layers>" for networks, "gp" for the GP baseline. New ids
 # are appended: a method's position seeds its cells' keys.
-UCI_METHODS = ("ensemble-1", "ensemble-4", "gp", "mcd-1", "mcd-4")
+UCI_METHODS = ("ensemble-1", "ensemble-4", "gp", "mcd-1", "mcd-4", "sghmc-1")
 
 
 @dataclass(frozen=True)
@@ -315,6 +315,20 @@ class UCIConfig:
     # "10x", the logs behind its grid-search numbers are named "100_xepochs": we take the logs' 100x.
     mcd_epochs_x: int = 100
     mcd_samples: int = 10_000
+    # Scale-adapted SGHMC (Springenberg et al. 2016, bootens_core.mcmc.sghmc) on the ensembles' network, prior
+    # and likelihood, sigma^2 on the same validation grid. The paper: lr 0.001, decay 0.01, burn-in 2000, one
+    # sample every 2000 steps, 10 restarts from prior draws, 200 samples. The minibatch size is not given:
+    # 20 is the reference implementation's default. ``sghmc_lr_scaling``: how lr becomes the step eps on the
+    # full-data gradient ("none": eps = lr, the reference code's convention; "sqrt_n", "sqrt_lr": see
+    # mcmc.sghmc_model).
+    sghmc_lr: float = 1e-3
+    sghmc_mdecay: float = 0.01
+    sghmc_burn_in: int = 2000
+    sghmc_thin: int = 2000
+    sghmc_restarts: int = 10
+    sghmc_draws: int = 20
+    sghmc_batch_size: int = 20
+    sghmc_lr_scaling: str = "none"
     # Cells run at once (threads); results do not depend on it.
     workers: int = 1
 

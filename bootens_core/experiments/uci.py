@@ -5,7 +5,9 @@ Methods (ids): ``ensemble-1`` / ``ensemble-4`` (Algorithm 1 on ReLU networks wit
 ``gp`` (GPflow: exact GPR with an isotropic squared-exponential kernel, SVGP for the ``svgp_datasets``;
 hyper-parameters and noise by the marginal likelihood / ELBO); ``mcd-1`` / ``mcd-4`` (MC dropout on Gal's UCI
 protocol, :mod:`bootens_core.dropout`: its own grid of dropout rate x precision, selected on the last 20% of
-the training split). The protocol is :mod:`bootens_core.harness`.
+the training split); ``sghmc-1`` (scale-adapted SGHMC, :func:`bootens_core.mcmc.sghmc_model`, on the ensembles'
+network, prior and likelihood; restarts x kept draws are the mixture components; sigma^2 on the validation
+grid). The protocol is :mod:`bootens_core.harness`.
 
 **The L-BFGS of the paper** ("32 steps, step size 0.5") is read as 32 steps of ``lbfgs_iters_per_step``
 (20, torch.optim.LBFGS's default) iterations, 640 in all, of the L-BFGS direction ``d_k = -P_k g_k``
@@ -43,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import dropout, ensemble, harness, models, store
+from .. import dropout, ensemble, harness, mcmc, models, store
 from ..config import UCI_METHODS, UCIConfig, as_dict
 from ..data import uci
 from ..harness import Cell, Method, Prediction
@@ -157,7 +159,31 @@ def _mcd_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: f
     return Method("mcd", layers, False, fit_mcd)
 
 
-_BUILDERS = {"ensemble": _ensemble_method, "gp": _gp_method, "mcd": _mcd_method}
+def _sghmc_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
+    dtype = jnp.dtype(cfg.dtype)
+
+    def fit_sghmc(key, x, y, x_eval, noise_var):
+        res = mcmc.sghmc_model(
+            key, model, x, y, noise_var, n_restarts=cfg.sghmc_restarts, n_draws=cfg.sghmc_draws,
+            burn_in=cfg.sghmc_burn_in, thin=cfg.sghmc_thin, lr=cfg.sghmc_lr, mdecay=cfg.sghmc_mdecay,
+            batch_size=min(cfg.sghmc_batch_size, x.shape[0]), lr_scaling=cfg.sghmc_lr_scaling,
+            on_diverged="report", dtype=dtype,
+        )
+        # A restart that diverged contributes no sample; every kept draw of the others is a mixture component.
+        ok_restart = ~np.asarray(res.info["diverged"], bool)
+        draws = jax.tree.map(lambda a: a[ok_restart].reshape((-1, *a.shape[2:])), res.params)
+        f = np.asarray(models.predict(model, draws, jnp.asarray(x_eval, dtype)), np.float64)
+        ok = np.all(np.isfinite(f), axis=1)
+        diverged = int((~ok_restart).sum()) * cfg.sghmc_draws + int((~ok).sum())
+        info = {"step_size": float(res.info["step_size"]), "batch_size": int(res.info["batch_size"]),
+                "diverged_restarts": int((~ok_restart).sum())}
+        return Prediction(f[ok], noise_var, diverged, None, info)
+
+    return Method("sghmc", layers, True, fit_sghmc)
+
+
+_BUILDERS = {"ensemble": _ensemble_method, "gp": _gp_method, "mcd": _mcd_method, "sghmc": _sghmc_method}
 
 
 def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int, y_std: float = 1.0) -> Method:
@@ -189,6 +215,11 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "gp": (("gp_max_iter", "svgp_datasets", "n_inducing"), ("gp.py",)),
     "mcd": (("width", "mcd_epochs_x", "mcd_samples"), ("dropout.py",)),
+    "sghmc": (
+        ("width", "weight_var", "bias_var", "scale_by_fan_in", "dtype", "sghmc_lr", "sghmc_mdecay", "sghmc_burn_in",
+         "sghmc_thin", "sghmc_restarts", "sghmc_draws", "sghmc_batch_size", "sghmc_lr_scaling"),
+        ("mcmc/sghmc.py", "mcmc/_common.py", "models.py", "ensemble.py"),
+    ),
 }
 
 

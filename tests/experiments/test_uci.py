@@ -183,7 +183,7 @@ def test_cells_max_splits_caps():
     ("changes", "match"),
     [
         ({"datasets": ("boston", "atlantis")}, "atlantis"),
-        ({"methods": ("gp", "sghmc-1")}, "sghmc-1"),
+        ({"methods": ("gp", "sghmc-4")}, "sghmc-4"),
         ({"datasets": ()}, "no datasets"),
         ({"methods": ()}, "no datasets or no methods"),
         ({"max_splits": -1}, "max_splits"),
@@ -195,8 +195,8 @@ def test_cells_bad_config(changes, match):
 
 
 def test_method_unknown_id():
-    with pytest.raises(ValueError, match="sghmc-1"):
-        experiment.method("sghmc-1", UCIConfig(), "boston", 13)
+    with pytest.raises(ValueError, match="sghmc-4"):
+        experiment.method("sghmc-4", UCIConfig(), "boston", 13)
 
 
 def test_cells_csv():
@@ -325,7 +325,8 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
     # the selection of datasets, methods, splits and the workers change no cell
     assert p0 == paths(UCIConfig(datasets=("boston",), methods=("gp",), max_splits=2, workers=2))
     # a family's own setting moves only that family's cells
-    for change, family in (({"n_particles": 7}, "ensemble"), ({"n_inducing": 50}, "gp"), ({"mcd_samples": 9}, "mcd")):
+    for change, family in (({"n_particles": 7}, "ensemble"), ({"n_inducing": 50}, "gp"), ({"mcd_samples": 9}, "mcd"),
+                           ({"sghmc_lr": 0.1}, "sghmc")):
         p = paths(UCIConfig(**change))
         moved = {m for m in UCI_METHODS if p[m] != p0[m]}
         assert moved == {m for m in UCI_METHODS if m.startswith(family)}, change
@@ -354,4 +355,20 @@ def test_mcd_cell_on_yacht(monkeypatch):
     # the likelihood variance is the chosen precision's inverse, in original label units
     assert rec["noise_var"] == pytest.approx(1 / info["tau"], rel=1e-9)
     assert rec["noise_var_std_units"] == pytest.approx(1 / (info["tau"] * uci.load("yacht", 0).y_std ** 2), rel=1e-9)
+    assert all(math.isfinite(rec[k]) for k in ("test_rmse", "test_mnll", "coverage95"))
+
+
+@needs_mirror
+def test_sghmc_cell_on_yacht(monkeypatch):
+    """One SGHMC cell end to end: sigma^2 selected on the validation grid, restarts x draws as components."""
+    from bootens_core import harness
+
+    monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
+    cfg = UCIConfig(width=8, sghmc_restarts=2, sghmc_draws=3, sghmc_burn_in=50, sghmc_thin=5, noise_grid=(0.01, 0.1))
+    rec = experiment._compute_cell(jax.random.key(0), cfg, harness.Cell("yacht", 0, "sghmc-1"))
+    assert (rec["method"], rec["hidden_layers"]) == ("sghmc", 1)
+    assert rec["n_components"] + rec["diverged_particles"] == 2 * 3
+    assert rec["noise_var_std_units"] in (0.01, 0.1) and len(rec["val_mnll"]) == 2
+    assert rec["info"]["step_size"] == pytest.approx(cfg.sghmc_lr)  # lr_scaling "none": eps = lr
+    assert rec["info"]["batch_size"] == cfg.sghmc_batch_size
     assert all(math.isfinite(rec[k]) for k in ("test_rmse", "test_mnll", "coverage95"))
