@@ -50,6 +50,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if name not in fields:
             print(f"bootens: {mod.NAME} does not take --{name}", file=sys.stderr)
             return 2
+        if name == "methods" and hasattr(mod, "expand_methods"):
+            try:
+                value = mod.expand_methods(value)
+            except ValueError as exc:
+                print(f"bootens: {exc}", file=sys.stderr)
+                return 2
         cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
     for item in args.set or []:
         name, sep, text = item.partition("=")
@@ -113,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     p_run.add_argument("--quiet", action="store_true", help="no progress bars, no summary on stdout")
     p_run.add_argument("--datasets", nargs="+", default=None, help="uci: datasets to run (default: the profile's)")
-    p_run.add_argument("--methods", nargs="+", default=None, help="uci: method ids, e.g. ensemble-1 ensemble-4 gp")
+    p_run.add_argument("--methods", nargs="+", default=None, help="uci: method ids or families, e.g. ensemble-1 gp, or mcd,sghmc")
     p_run.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a config field (JSON value), e.g. --set n_particles=50; repeatable")
     p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads)")

@@ -30,6 +30,7 @@ __all__ = [
     "uci_coverage",
     "uci_runs",
     "uci_noise_selection",
+    "uci_sghmc_study",
     "uci_lbfgs_summary",
 ]
 
@@ -142,7 +143,7 @@ _UCI_LABELS = {
 UCI_TABLE1 = (("ensemble", 1), ("ensemble", 4), ("mcd", 4), ("sghmc", 1))
 UCI_TABLES23 = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
 # Methods whose issue has not landed yet: shown as "pending", never as a number.
-UCI_PENDING = ("sghmc",)
+UCI_PENDING: tuple[str, ...] = ()
 
 
 def _pm(mean: float, std: float) -> str:
@@ -274,6 +275,21 @@ def uci_noise_selection(result: Any) -> pd.DataFrame:
             f"at grid max {hi:g}": "—" if fitted else int(np.sum(np.isclose(v, hi))),
         })
     return pd.DataFrame(rows).set_index(["dataset", "method"])
+
+
+def uci_sghmc_study(study: dict[str, Any]) -> pd.DataFrame:
+    """The SGHMC step-size study (:func:`bootens_core.experiments.uci.sghmc_step_study`) as a table: one row per
+    step size, test scores of the kept draws (original units), diverged restarts and the predictive R-hat
+    across restarts (mean and max over the test inputs)."""
+    rows = study["rows"]
+    return pd.DataFrame({
+        "test RMSE": [f"{r['test_rmse']:.2f}" for r in rows],
+        "test MNLL": [f"{r['test_mnll']:.2f}" for r in rows],
+        "95% coverage": [f"{r['coverage95']:.2f}" for r in rows],
+        "diverged restarts": [r["diverged_restarts"] for r in rows],
+        "predictive R-hat mean (max)": [f"{r['rhat_mean']:.2f} ({r['rhat_max']:.2f})" for r in rows],
+        "wall s": [f"{r['wall_s']:.1f}" for r in rows],
+    }, index=pd.Index([f"{r['step_size']:.3g}" for r in rows], name="step ε"))
 
 
 def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:

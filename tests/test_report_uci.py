@@ -45,7 +45,7 @@ def test_uci_table_layout_and_entries(summary):
     assert t.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")] == "within, 1 diverged"
     assert t.loc["boston (n=506)", ("Ensemble 4-layer", "ours (splits)")] == "not run"
     assert t.loc["yacht (n=308)", ("MCD 4-layer", "ours (splits)")] == "not run"
-    assert t.loc["yacht (n=308)", ("SGHMC 1-layer", "ours (splits)")] == "pending"
+    assert t.loc["yacht (n=308)", ("SGHMC 1-layer", "ours (splits)")] == "not run"
     full = report.uci_table(s, "mnll")
     assert full.loc["yacht (n=308)", ("GP", "ours (splits)")].startswith("diverged")
     assert full.loc["yacht (n=308)", ("GP", "verdict")] == "failed"
@@ -128,3 +128,12 @@ def test_uci_noise_selection_uses_the_selection_column():
     assert t.loc[("yacht", "Ensemble 1-layer"), "at grid min 0.0001"] == 1
     # MC dropout's variance is 1/tau of its own grid: the noise grid's edges do not apply
     assert t.loc[("yacht", "MCD 4-layer"), "at grid min 0.0001"] == "—"
+
+
+def test_uci_sghmc_study_table():
+    rows = [{"step_size": s, "test_rmse": r, "test_mnll": 2.0, "coverage95": 0.95, "diverged_restarts": d,
+             "rhat_mean": 1.5, "rhat_max": 2.25, "wall_s": 3.0} for s, r, d in ((1e-3, 5.27, 0), (0.0316, 2.31, 1))]
+    t = report.uci_sghmc_study({"rows": rows})
+    assert list(t.index) == ["0.001", "0.0316"]
+    assert t.loc["0.0316", "test RMSE"] == "2.31" and t.loc["0.0316", "diverged restarts"] == 1
+    assert t.loc["0.001", "predictive R-hat mean (max)"] == "1.50 (2.25)"

@@ -369,6 +369,29 @@ def test_sghmc_cell_on_yacht(monkeypatch):
     assert (rec["method"], rec["hidden_layers"]) == ("sghmc", 1)
     assert rec["n_components"] + rec["diverged_particles"] == 2 * 3
     assert rec["noise_var_std_units"] in (0.01, 0.1) and len(rec["val_mnll"]) == 2
-    assert rec["info"]["step_size"] == pytest.approx(cfg.sghmc_lr)  # lr_scaling "none": eps = lr
+    assert rec["info"]["step_size"] == pytest.approx(math.sqrt(cfg.sghmc_lr))  # lr_scaling "sqrt_lr"
     assert rec["info"]["batch_size"] == cfg.sghmc_batch_size
     assert all(math.isfinite(rec[k]) for k in ("test_rmse", "test_mnll", "coverage95"))
+
+
+@needs_mirror
+def test_sghmc_step_study_rows(monkeypatch):
+    monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
+    cfg = UCIConfig(width=8, sghmc_restarts=3, sghmc_draws=4, sghmc_burn_in=50, sghmc_thin=5)
+    st = experiment.sghmc_step_study(jax.random.key(0), cfg, dataset="yacht", step_sizes=(1e-3, 1e-2), noise_var=0.01)
+    assert [r["step_size"] for r in st["rows"]] == [1e-3, 1e-2]
+    assert (st["dataset"], st["split"], st["noise_var_std_units"]) == ("yacht", 0, 0.01)
+    for r in st["rows"]:
+        assert 0 <= r["diverged_restarts"] <= 3 and r["rhat_mean"] >= 0.9 and r["rhat_max"] >= r["rhat_mean"] * (1 - 1e-12)
+        assert math.isfinite(r["test_rmse"]) and 0 <= r["coverage95"] <= 1
+    assert st["settings"]["sghmc_restarts"] == 3
+
+
+def test_expand_methods():
+    assert experiment.expand_methods(["mcd,sghmc"]) == ["mcd-1", "mcd-4", "sghmc-1"]
+    assert experiment.expand_methods(["gp", "ensemble-4", "gp"]) == ["gp", "ensemble-4"]
+    assert experiment.expand_methods(["ensemble"]) == ["ensemble-1", "ensemble-4"]
+    with pytest.raises(ValueError, match="'mc'"):
+        experiment.expand_methods(["mc"])
+    # the CLI takes families and says what is wrong with an unknown one
+    assert cli.main(["run", "uci", "--methods", "dropout", "--out", "/nonexistent"]) == 2
