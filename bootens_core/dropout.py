@@ -80,6 +80,7 @@ import numpy as np
 import optax
 
 from .data import uci
+from .ensemble import check_finite
 from .harness import Prediction
 
 __all__ = [
@@ -192,18 +193,6 @@ def _check_count(v: Any, what: str, minimum: int = 1) -> int:
     return int(v)
 
 
-def _check_finite(name: str, arr: np.ndarray) -> None:
-    if not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        rows = np.unique(np.nonzero(bad)[0])
-        raise ValueError(
-            f"{name} contains {int(bad.sum())} NaN/Inf value(s) (rows {rows[:5].tolist()}"
-            f"{'...' if rows.size > 5 else ''}); remove or impute them first"
-        )
-
-
 def _check_x(x: Any, name: str = "x", in_dim: int | None = None) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim != 2:
@@ -212,7 +201,7 @@ def _check_x(x: Any, name: str = "x", in_dim: int | None = None) -> np.ndarray:
         raise ValueError(f"no rows in {name} (n = 0)")
     if in_dim is not None and x.shape[1] != in_dim:
         raise ValueError(f"{name} has {x.shape[1]} features but the network takes {in_dim}")
-    _check_finite(name, x)
+    check_finite(name, x)
     return x
 
 
@@ -223,7 +212,7 @@ def _check_xy(x: Any, y: Any, in_dim: int | None = None) -> tuple[np.ndarray, np
         raise ValueError(f"labels y must be a vector of shape (n,), got shape {y.shape}")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]} labels")
-    _check_finite("y", y)
+    check_finite("y", y)
     return x, y
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "EnsembleResult",
     "DivergedParticlesError",
     "check_data",
+    "check_finite",
     "init",
     "train",
     "predict",
@@ -140,6 +141,19 @@ class DivergedParticlesError(RuntimeError):
         self.first_step = first_step
 
 
+def check_finite(name: str, arr: np.ndarray) -> None:
+    """Raise ``ValueError`` naming ``name`` if ``arr`` is not numeric or holds NaN/Inf (with the first rows)."""
+    if not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        rows = np.unique(np.nonzero(bad)[0])
+        raise ValueError(
+            f"{name} contains {int(bad.sum())} NaN/Inf value(s) (rows {rows[:5].tolist()}"
+            f"{'...' if rows.size > 5 else ''}); remove or impute them first"
+        )
+
+
 def check_data(x: Any, y: Any, noise_var: Any = None) -> tuple[jax.Array, jax.Array]:
     """Validate training data: matching lengths, finite values, positive noise variance.
 
@@ -154,16 +168,8 @@ def check_data(x: Any, y: Any, noise_var: Any = None) -> tuple[jax.Array, jax.Ar
         raise ValueError(f"x has {x_np.shape[0]} rows but y has {y_np.shape[0]} labels")
     if y_np.shape[0] == 0:
         raise ValueError("no training data (n = 0)")
-    for name, arr in (("x", x_np), ("y", y_np)):
-        if not np.issubdtype(arr.dtype, np.number):
-            raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            rows = np.unique(np.nonzero(bad)[0])
-            raise ValueError(
-                f"{name} contains {int(bad.sum())} NaN/Inf value(s) (rows {rows[:5].tolist()}"
-                f"{'...' if rows.size > 5 else ''}); remove or impute them first"
-            )
+    check_finite("x", x_np)
+    check_finite("y", y_np)
     if noise_var is not None:
         nv = np.asarray(noise_var, dtype=float)
         if nv.ndim not in (0, 1) or (nv.ndim == 1 and nv.shape[0] != y_np.shape[0]):

@@ -21,7 +21,7 @@ NOISE_VAR, PRIOR_VAR = 0.25, 0.7  # not 1, so that a swapped or dropped variance
 
 
 class LinearProblem:
-    """Bayesian linear regression ``y = Phi w + eps`` with 3 features and 20 points: exact posterior known."""
+    """Bayesian linear regression ``y = Phi w + eps`` (3 features, 20 points by default): exact posterior known."""
 
     def __init__(self, n=20, D=3, seed=0):
         rng = np.random.default_rng(seed)

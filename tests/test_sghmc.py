@@ -18,29 +18,18 @@ import pytest
 from jax.flatten_util import ravel_pytree
 from scipy.linalg import solve_discrete_lyapunov
 
-from bootens_core import linear, mcmc, models
+from bootens_core import mcmc, models
 from bootens_core.ensemble import DivergedParticlesError
 from bootens_core.mcmc.sghmc import NOISE_VAR_FLOOR
 
-NOISE_VAR, PRIOR_VAR = 0.25, 0.7  # not 1, so that a swapped or dropped variance shows
+from tests.test_mcmc import NOISE_VAR, PRIOR_VAR, LinearProblem
+
 Z = 4.0  # standard errors allowed by every statistical check
-
-
-class LinearProblem:
-    """Bayesian linear regression ``y = Phi w + eps`` with 3 features and 40 points: exact posterior known."""
-
-    def __init__(self, n=40, D=3, seed=0):
-        rng = np.random.default_rng(seed)
-        self.Phi = rng.normal(size=(n, D))
-        self.y = self.Phi @ rng.normal(size=D) + math.sqrt(NOISE_VAR) * rng.normal(size=n)
-        self.model = models.linear_in_features(lambda x: x, D, prior_var=PRIOR_VAR)
-        self.post = linear.posterior(self.Phi, self.y, NOISE_VAR, PRIOR_VAR)
-        self.var = np.diag(self.post.cov)
 
 
 @pytest.fixture(scope="module")
 def prob():
-    return LinearProblem()
+    return LinearProblem(n=40)  # 3 features, 40 points
 
 
 def _grad_u(Phi, y, w, noise_var, idx=None):
