@@ -205,10 +205,13 @@ def _check_x(x: Any, name: str = "x", in_dim: int | None = None) -> np.ndarray:
     return x
 
 
-def _check_xy(x: Any, y: Any, in_dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _check_xy(x: Any, y: Any, in_dim: int | None = None, classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     x = _check_x(x, "x", in_dim)
     y = np.asarray(y)
-    if y.ndim != 1:
+    if classes is not None:
+        if y.ndim != 2 or y.shape[1] != classes or not np.all((y == 0) | (y == 1)) or not np.all(y.sum(1) == 1):
+            raise ValueError(f"a classifier's labels must be one-hot rows of shape (n, {classes}), got shape {y.shape}")
+    elif y.ndim != 1:
         raise ValueError(f"labels y must be a vector of shape (n,), got shape {y.shape}")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]} labels")
@@ -228,6 +231,10 @@ def _check_grid(values: Any, what: str, check) -> tuple[float, ...]:
     if vals.size == 0:
         raise ValueError(f"an empty {what}: nothing to select from")
     return tuple(check(v) for v in vals.tolist())
+
+
+def _out_dim(params: Params) -> int:
+    return int(params[-1]["w"].shape[-1])
 
 
 def _in_dim(params: Params) -> int:
@@ -279,13 +286,16 @@ def validation_rows(n_train: int) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------------------- network
 
 
-def init(key: jax.Array, in_dim: int, hidden_layers: int, width: int, dtype: Any = jnp.float32) -> Params:
+def init(
+    key: jax.Array, in_dim: int, hidden_layers: int, width: int, dtype: Any = jnp.float32, out_dim: int = 1
+) -> Params:
     """Keras ``Dense`` defaults: Glorot-uniform weights ``U(-a, a)``, ``a = sqrt(6 / (fan_in + fan_out))``,
-    zero biases; ``in_dim -> width x hidden_layers -> 1``."""
+    zero biases; ``in_dim -> width x hidden_layers -> out_dim`` (``out_dim`` class logits for a classifier)."""
     in_dim = _check_count(in_dim, "in_dim")
     hidden_layers = _check_count(hidden_layers, "hidden_layers", 0)
     width = _check_count(width, "width")
-    sizes = [in_dim] + [width] * hidden_layers + [1]
+    out_dim = _check_count(out_dim, "out_dim")
+    sizes = [in_dim] + [width] * hidden_layers + [out_dim]
     layer_keys = jax.random.split(key, len(sizes) - 1)
     params = []
     for k_layer, a, b in zip(layer_keys, sizes[:-1], sizes[1:], strict=True):
@@ -311,8 +321,9 @@ def dropout_masks(key: jax.Array, params: Params, n_rows: int, dropout: Any) -> 
 
 
 def forward(params: Params, x: jax.Array, keep: Sequence[jax.Array], dropout: Any) -> jax.Array:
-    """The network's output ``(n,)`` for given keep-masks: before each dense layer, dropped units are zeroed
-    and kept ones scaled by ``1 / (1 - p)`` (inverted dropout); ReLU on hidden layers, linear output."""
+    """The network's output ``(n,)`` (``(n, C)`` with ``C > 1`` outputs) for given keep-masks: before each dense
+    layer, dropped units are zeroed and kept ones scaled by ``1 / (1 - p)`` (inverted dropout); ReLU on hidden
+    layers, linear output."""
     scale = 1.0 / (1.0 - dropout)
     h = x
     last = len(params) - 1
@@ -321,7 +332,7 @@ def forward(params: Params, x: jax.Array, keep: Sequence[jax.Array], dropout: An
         h = h @ layer["w"] + layer["b"]
         if i < last:
             h = jax.nn.relu(h)
-    return h[:, 0]
+    return h[:, 0] if h.shape[1] == 1 else h
 
 
 def loss(
@@ -332,12 +343,19 @@ def loss(
     dropout: Any,
     reg: Any,
     weights: jax.Array | None = None,
+    likelihood: str = "gaussian",
 ) -> jax.Array:
     """Keras' minibatch objective: ``mean((y - f)^2) + reg * sum_l ||W_l||^2`` (weights only, no biases).
 
-    ``weights`` (0/1 per row) restricts the mean to the rows of a partial batch padded to full size.
+    With ``likelihood="categorical"`` the data term is the softmax cross-entropy ``mean_i -sum_c y_ic log
+    softmax(f_i)_c`` of one-hot rows ``y`` (Gal's classification objective). ``weights`` (0/1 per row)
+    restricts the mean to the rows of a partial batch padded to full size.
     """
-    sq = (y - forward(params, x, keep, dropout)) ** 2
+    f = forward(params, x, keep, dropout)
+    if likelihood == "categorical":
+        sq = -jnp.sum(y * jax.nn.log_softmax(f, axis=-1), axis=-1)
+    else:
+        sq = (y - f) ** 2
     mse = jnp.mean(sq) if weights is None else jnp.sum(weights * sq) / jnp.sum(weights)
     decay = sum(jnp.sum(layer["w"] ** 2) for layer in params)
     return mse + reg * decay
@@ -354,7 +372,7 @@ def _permutation(key: jax.Array, n: int) -> jax.Array:
     return jnp.argsort(jax.random.bits(key, (n,), jnp.uint64), stable=True)
 
 
-def _run(key, params, x, y, dropout, reg, lr, adam_eps, *, epochs, batch_size):
+def _run(key, params, x, y, dropout, reg, lr, adam_eps, *, epochs, batch_size, likelihood="gaussian"):
     """The training driver of one configuration: ``lax.scan`` over epochs around ``lax.scan`` over batches."""
     n = x.shape[0]
     bs = min(batch_size, n)  # Keras: a batch larger than the data is the whole data
@@ -369,7 +387,7 @@ def _run(key, params, x, y, dropout, reg, lr, adam_eps, *, epochs, batch_size):
     def batch_step(state: TrainState, inp):
         rows, w = inp
         keep = dropout_masks(jax.random.fold_in(k_masks, state.step), state.params, bs, dropout)
-        value, grad = value_and_grad(state.params, x[rows], y[rows], keep, dropout, reg, w)
+        value, grad = value_and_grad(state.params, x[rows], y[rows], keep, dropout, reg, w, likelihood)
         updates, opt_state = tx.update(grad, state.opt_state, state.params)
         return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), value
 
@@ -384,20 +402,23 @@ def _run(key, params, x, y, dropout, reg, lr, adam_eps, *, epochs, batch_size):
     return state.params, losses
 
 
-_STATIC = ("epochs", "batch_size")
+_STATIC = ("epochs", "batch_size", "likelihood")
 _run_one = jax.jit(_run, static_argnames=_STATIC)
 
 
 @partial(jax.jit, static_argnames=_STATIC)
-def _run_grid(key, params, x, y, dropout, reg, lr, adam_eps, *, epochs, batch_size):
+def _run_grid(key, params, x, y, dropout, reg, lr, adam_eps, *, epochs, batch_size, likelihood="gaussian"):
     def one(p, r):
-        return _run(key, params, x, y, p, r, lr, adam_eps, epochs=epochs, batch_size=batch_size)
+        return _run(key, params, x, y, p, r, lr, adam_eps, epochs=epochs, batch_size=batch_size,
+                    likelihood=likelihood)
 
     return jax.vmap(one)(dropout, reg)
 
 
-def _train_args(params, x, y, epochs, batch_size, lr, adam_eps):
-    x, y = _check_xy(x, y, _in_dim(params))
+def _train_args(params, x, y, epochs, batch_size, lr, adam_eps, likelihood="gaussian"):
+    if likelihood not in ("gaussian", "categorical"):
+        raise ValueError(f"likelihood must be 'gaussian' or 'categorical', got {likelihood!r}")
+    x, y = _check_xy(x, y, _in_dim(params), classes=_out_dim(params) if likelihood == "categorical" else None)
     epochs = _check_count(epochs, "epochs")
     batch_size = _check_count(batch_size, "batch_size")
     lr = float(lr)
@@ -408,7 +429,7 @@ def _train_args(params, x, y, epochs, batch_size, lr, adam_eps):
         raise ValueError(f"adam_eps must be non-negative and finite, got {adam_eps!r}")
     dtype = params[0]["w"].dtype
     adam = (jnp.asarray(lr, dtype), jnp.asarray(adam_eps, dtype))
-    static = {"epochs": epochs, "batch_size": batch_size}
+    static = {"epochs": epochs, "batch_size": batch_size, "likelihood": likelihood}
     return jnp.asarray(x, dtype), jnp.asarray(y, dtype), dtype, adam, static
 
 
@@ -425,15 +446,18 @@ def train(
     lengthscale: float = LENGTHSCALE,
     lr: float = 1e-3,
     adam_eps: float = ADAM_EPS,
+    likelihood: str = "gaussian",
 ) -> TrainResult:
     """Train one MC-dropout network from ``params`` on ``(x, y)`` (standardised, as the protocol does).
 
     ``key`` is split into the batch-order key (epoch ``e`` shuffles with ``fold_in(k_shuffle, e)``) and the
     mask key (step ``s`` draws its masks with ``fold_in(k_masks, s)``). ``tau`` only sets the weight decay
-    :func:`weight_decay` with ``N = len(y)``. Training runs in the dtype of ``params``.
+    :func:`weight_decay` with ``N = len(y)``. Training runs in the dtype of ``params``. A classifier
+    (``likelihood="categorical"``, one-hot ``y``, ``params`` from ``init(..., out_dim=C)``) has no noise
+    precision: pass ``tau=1``.
     """
     p, t = _check_rate(dropout), _check_tau(tau)
-    x, y, dtype, adam, static = _train_args(params, x, y, epochs, batch_size, lr, adam_eps)
+    x, y, dtype, adam, static = _train_args(params, x, y, epochs, batch_size, lr, adam_eps, likelihood)
     reg = weight_decay(p, t, x.shape[0], lengthscale)
     out, losses = _run_one(key, params, x, y, jnp.asarray(p, dtype), jnp.asarray(reg, dtype), *adam, **static)
     return TrainResult(out, np.asarray(losses))
@@ -452,6 +476,7 @@ def train_grid(
     lengthscale: float = LENGTHSCALE,
     lr: float = 1e-3,
     adam_eps: float = ADAM_EPS,
+    likelihood: str = "gaussian",
 ) -> TrainResult:
     """:func:`train` for ``c`` configurations ``(dropout[i], tau[i])`` at once (``jax.vmap``), from the same
     ``params`` with the same ``key``: configuration ``i`` equals ``train(key, params, ..., dropout=dropout[i],
@@ -460,7 +485,7 @@ def train_grid(
     ts = _check_grid(tau, "tau grid", _check_tau)
     if len(ps) != len(ts):
         raise ValueError(f"dropout and tau pair up: got {len(ps)} dropout rates and {len(ts)} taus")
-    x, y, dtype, adam, static = _train_args(params, x, y, epochs, batch_size, lr, adam_eps)
+    x, y, dtype, adam, static = _train_args(params, x, y, epochs, batch_size, lr, adam_eps, likelihood)
     reg = weight_decay(np.asarray(ps), np.asarray(ts), x.shape[0], lengthscale)
     p_arr, reg_arr = jnp.asarray(ps, dtype), jnp.asarray(reg, dtype)
     out, losses = _run_grid(key, params, x, y, p_arr, reg_arr, *adam, **static)
@@ -490,13 +515,13 @@ def _predict(key, params, x, dropout, *, n_samples, chunk):
         return None, jax.vmap(lambda t: _sample(key, params, x, dropout, t))(c * chunk + jnp.arange(chunk))
 
     _, f = jax.lax.scan(body, None, jnp.arange(n_chunks))
-    return f.reshape(n_chunks * chunk, x.shape[0])[:n_samples]
+    return f.reshape(n_chunks * chunk, *f.shape[2:])[:n_samples]
 
 
 def predict(
     key: jax.Array, params: Params, x: Any, dropout: float, n_samples: int, *, chunk: int | None = None
 ) -> jax.Array:
-    """``(n_samples, n)`` outputs of ``n_samples`` stochastic passes (dropout on), in the units of the labels
+    """``(n_samples, n)`` (``(n_samples, n, C)`` for ``C`` outputs) outputs of ``n_samples`` stochastic passes (dropout on), in the units of the labels
     the network was trained on. Pass ``t`` uses the masks of ``fold_in(key, t)``; ``chunk`` passes are
     evaluated at a time (default: as many as fit a fixed activation budget)."""
     p = _check_rate(dropout)

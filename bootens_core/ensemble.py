@@ -154,14 +154,22 @@ def check_finite(name: str, arr: np.ndarray) -> None:
         )
 
 
-def check_data(x: Any, y: Any, noise_var: Any = None) -> tuple[jax.Array, jax.Array]:
+def check_data(x: Any, y: Any, noise_var: Any = None, *, outputs: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Validate training data: matching lengths, finite values, positive noise variance.
+
+    Labels are a vector ``(n,)``, or with ``outputs = C`` a matrix ``(n, C)`` (one column per output of a
+    multi-output model, e.g. the class latents of :mod:`bootens_core.classification`). ``noise_var`` is a
+    scalar, one variance per row ``(n,)``, or one per label (the labels' shape).
 
     Returns ``(x, y)`` as arrays; raises ``ValueError`` naming the problem otherwise.
     """
     x_np, y_np = np.asarray(x), np.asarray(y)
-    if y_np.ndim != 1:
+    if outputs is None and y_np.ndim != 1:
         raise ValueError(f"labels y must be a vector of shape (n,), got shape {y_np.shape}")
+    if outputs is not None and (y_np.ndim != 2 or y_np.shape[1] != int(outputs)):
+        raise ValueError(
+            f"labels y must have shape (n, {int(outputs)}) (one column per model output), got shape {y_np.shape}"
+        )
     if x_np.ndim not in (1, 2):
         raise ValueError(f"inputs x must have shape (n,) or (n, d), got shape {x_np.shape}")
     if x_np.shape[0] != y_np.shape[0]:
@@ -172,11 +180,25 @@ def check_data(x: Any, y: Any, noise_var: Any = None) -> tuple[jax.Array, jax.Ar
     check_finite("y", y_np)
     if noise_var is not None:
         nv = np.asarray(noise_var, dtype=float)
-        if nv.ndim not in (0, 1) or (nv.ndim == 1 and nv.shape[0] != y_np.shape[0]):
-            raise ValueError(f"noise_var must be a scalar or have shape ({y_np.shape[0]},), got {nv.shape}")
+        if nv.shape not in ((), (y_np.shape[0],), y_np.shape):
+            allowed = f"({y_np.shape[0]},)" + (f" or {y_np.shape}" if y_np.ndim == 2 else "")
+            raise ValueError(f"noise_var must be a scalar or have shape {allowed}, got {nv.shape}")
+        if nv.ndim == 1 and y_np.ndim == 2:
+            nv = nv[:, None]
         if not np.all(np.isfinite(nv) & (nv > 0)):
             raise ValueError("noise_var must be positive and finite")
     return jnp.asarray(x_np), jnp.asarray(y_np)
+
+
+def _model_outputs(model: Model, x: np.ndarray) -> int | None:
+    """``None`` for a model with one output per input (``apply -> (n,)``), else its number of outputs."""
+
+    def is_shape(s: Any) -> bool:
+        return isinstance(s, tuple) and all(isinstance(d, int) for d in s)
+
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), model.shapes, is_leaf=is_shape)
+    out = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct(np.shape(x), jnp.float32))
+    return None if len(out.shape) == 1 else int(out.shape[1])
 
 
 def init(
@@ -315,8 +337,9 @@ def train(
     Args:
         key: PRNG key; split into the replicates' key and the (unperturbed-prior) initialisation key.
         model: the model and its prior.
-        x, y: training inputs ``(n,)``/``(n, d)`` and labels ``(n,)``; validated by :func:`check_data`.
-        noise_var: likelihood variance ``sigma^2``, scalar or one per point.
+        x, y: training inputs ``(n,)``/``(n, d)`` and labels ``(n,)`` (``(n, C)`` for a model with ``C``
+            outputs); validated by :func:`check_data`.
+        noise_var: likelihood variance ``sigma^2``: scalar, one per point, or one per label.
         n_particles: ensemble size ``k``.
         opt: from :func:`optimizer`.
         steps: number of optimizer steps.
@@ -339,9 +362,11 @@ def train(
     snaps = tuple(sorted({int(s) for s in snapshot_steps}))
     if snaps and (snaps[0] < 0 or snaps[-1] > steps):
         raise ValueError(f"snapshot steps must lie in [0, {steps}], got {list(snaps)}")
-    x, y = check_data(x, y, noise_var)
+    x, y = check_data(x, y, noise_var, outputs=_model_outputs(model, np.asarray(x)))
     x, y = x.astype(dtype), y.astype(dtype)
     noise_var = jnp.asarray(noise_var, dtype)
+    if noise_var.ndim == 1 and y.ndim == 2:  # one variance per row of a multi-output model
+        noise_var = noise_var[:, None]
 
     state, pert = init(
         key, model, y, noise_var, n_particles, opt, perturb_labels=perturb_labels, perturb_prior=perturb_prior

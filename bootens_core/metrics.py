@@ -1,4 +1,5 @@
-"""Metrics: RMSE, MNLL of the predictive mixture, Gaussian KL, interval coverage.
+"""Metrics: RMSE, MNLL of the predictive mixture, Gaussian KL, interval coverage; for classifiers accuracy,
+MNLL and the expected calibration error (ECE) with its reliability diagram.
 
 MNLL is always the negative log density of the *mixture* of the particles' predictive Gaussians,
 computed with log-sum-exp (never the average of per-particle log densities).
@@ -6,10 +7,24 @@ computed with log-sum-exp (never the average of per-particle log densities).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from scipy.special import logsumexp, ndtr
 
-__all__ = ["rmse", "mixture_mnll", "mixture_cdf", "mixture_coverage", "gaussian_kl", "coverage"]
+__all__ = [
+    "rmse",
+    "mixture_mnll",
+    "mixture_cdf",
+    "mixture_coverage",
+    "gaussian_kl",
+    "coverage",
+    "Reliability",
+    "accuracy",
+    "class_mnll",
+    "reliability",
+    "ece",
+]
 
 
 def rmse(y: np.ndarray, pred_mean: np.ndarray) -> float:
@@ -79,3 +94,77 @@ def coverage(y: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> float:
     """Share of ``y`` inside ``[lower, upper]``."""
     y = np.asarray(y, float)
     return float(np.mean((y >= np.asarray(lower)) & (y <= np.asarray(upper))))
+
+
+# ------------------------------------------------------------------------------------------ classifiers
+
+
+def _check_probs(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(probs, float)
+    y = np.asarray(labels)
+    if p.ndim != 2 or p.shape[1] < 2:
+        raise ValueError(f"probs must have shape (n, C) with C >= 2, got {p.shape}")
+    if y.shape != (p.shape[0],):
+        raise ValueError(f"labels must have shape ({p.shape[0]},), got {y.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0) or not np.allclose(p.sum(1), 1.0, atol=1e-6):
+        raise ValueError("probs must be finite, non-negative rows summing to 1")
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= p.shape[1]:
+        raise ValueError(f"labels must be integers in 0..{p.shape[1] - 1}")
+    return p, y
+
+
+def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Share of rows whose most probable class (first one on ties) is the label."""
+    p, y = _check_probs(probs, labels)
+    return float(np.mean(np.argmax(p, axis=1) == y))
+
+
+def class_mnll(probs: np.ndarray, labels: np.ndarray, floor: float = 1e-300) -> float:
+    """Mean negative log of the probability given to the true class, ``-1/n sum_i log p_i(y_i)``.
+
+    ``probs`` is the predictive distribution itself (for an ensemble: the mean of its members' probabilities,
+    the mixture); ``floor`` keeps a probability of exactly 0 finite (and huge).
+    """
+    p, y = _check_probs(probs, labels)
+    return float(-np.mean(np.log(np.maximum(p[np.arange(y.size), y], floor))))
+
+
+class Reliability(NamedTuple):
+    """A reliability diagram: per confidence bin its count, mean confidence and accuracy (NaN when empty)."""
+
+    edges: np.ndarray
+    count: np.ndarray
+    confidence: np.ndarray
+    accuracy: np.ndarray
+
+
+def reliability(probs: np.ndarray, labels: np.ndarray, n_bins: int = 10) -> Reliability:
+    """Bin the predictions by confidence ``max_c p_ic`` into ``n_bins`` equal-width bins of ``[0, 1]``.
+
+    A bin is ``(lo, hi]`` (the first also holds 0). Its confidence is the mean confidence of its rows and its
+    accuracy the share of its rows whose most probable class is the label.
+    """
+    p, y = _check_probs(probs, labels)
+    n_bins = int(n_bins)
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be at least 1, got {n_bins}")
+    conf = p.max(axis=1)
+    correct = (np.argmax(p, axis=1) == y).astype(float)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    idx = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
+    count = np.bincount(idx, minlength=n_bins).astype(int)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(idx, weights=conf, minlength=n_bins) / count
+        acc = np.bincount(idx, weights=correct, minlength=n_bins) / count
+    return Reliability(edges, count, np.where(count > 0, mean_conf, np.nan), np.where(count > 0, acc, np.nan))
+
+
+def ece(probs: np.ndarray, labels: np.ndarray, n_bins: int = 10) -> float:
+    """Expected calibration error: ``sum_b (n_b / n) |acc_b - conf_b|`` over the bins of :func:`reliability`.
+
+    ``conf_b`` is the mean confidence of the rows inside bin ``b`` (not the bin's centre) and ``acc_b`` their
+    accuracy; the gap is absolute, empty bins count nothing.
+    """
+    r = reliability(probs, labels, n_bins)
+    ok = r.count > 0
+    return float(np.sum(r.count[ok] * np.abs(r.accuracy[ok] - r.confidence[ok])) / r.count.sum())

@@ -32,6 +32,11 @@ __all__ = [
     "uci_noise_selection",
     "uci_sghmc_study",
     "uci_lbfgs_summary",
+    "classification_verdicts",
+    "classification_agreement",
+    "classification_table",
+    "classification_paired",
+    "classification_buys",
 ]
 
 
@@ -313,3 +318,97 @@ def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any
         "loss_final": dict(check["final"]),
         "scipy_nfev": int(check["scipy_nfev"]),
     }
+
+
+# ------------------------------------------------------------------------------------------ classification
+
+_CLASS_METHODS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout"}
+_CLASS_METRICS = ("accuracy", "mnll", "ece")
+
+
+def classification_verdicts(s: dict[str, Any]) -> dict[str, Text]:
+    """Verdicts of the classification chapter.
+
+    ``reference``: NUTS is converged when the R-hat of p(y = 1 | x) is below 1.1 everywhere on the grid.
+    ``agreement``: the paper's "fairly accurate approximation of the MCMC result", read with the deep-ReLU
+    chapter's rule: the ensemble's 95% band covers at least 80% of the reference band, averaged over x.
+    """
+    ref = "converged" if s["rhat_max"] < 1.1 else f"NOT converged (max R-hat {s['rhat_max']:.2f})"
+    ok = s["band_coverage_vs_mcmc"] >= 0.8
+    return {"reference": Text(ref), "agreement": Text("reproduced" if ok else "NOT reproduced")}
+
+
+def classification_agreement(s: dict[str, Any]) -> pd.DataFrame:
+    """Agreement with NUTS on the grid: the bootstrap and plain ensembles at the paper's alpha_eps, the
+    alpha_eps study, and NUTS against itself (half of its chains vs the other half: the noise floor)."""
+    rows = [
+        (f"Bootstrap ensemble, alpha_eps = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["band_mad_vs_mcmc"],
+         s["band_coverage_vs_mcmc"]),
+        (f"Plain ensemble, alpha_eps = {s['alpha_eps']:g}", s["plain_prob_mad_vs_mcmc"], s["plain_band_mad_vs_mcmc"],
+         s["plain_band_coverage_vs_mcmc"]),
+    ]
+    for a, v in s.get("alpha_eps_study", {}).items():
+        if float(a) != float(s["alpha_eps"]):
+            rows.append((f"Bootstrap ensemble, alpha_eps = {a}", v["prob_mad"], v["band_mad"], v["band_coverage"]))
+    rows.append(("NUTS vs NUTS (half the chains each)", s["reference_split_prob_mad"], s["reference_split_band_mad"],
+                 float("nan")))
+    df = pd.DataFrame(rows, columns=["distribution of classifiers", "mean |Δ mean p|", "mean |Δ band edge|",
+                                     "share of NUTS band covered"])
+    return df.round(3)
+
+
+def classification_table(s: dict[str, Any]) -> pd.DataFrame:
+    """Real datasets: accuracy, MNLL and ECE per method, mean ± std over splits."""
+    rows = []
+    for ds, entry in s["real"].items():
+        for m, label in _CLASS_METHODS.items():
+            e = entry[m]
+            rows.append({
+                "dataset": f"{ds} ({entry['n_splits']} splits)",
+                "method": label,
+                "accuracy": f"{e['accuracy']:.3f} ± {e['accuracy_std']:.3f}",
+                "MNLL": f"{e['mnll']:.3f} ± {e['mnll_std']:.3f}",
+                "ECE": f"{e['ece']:.3f} ± {e['ece_std']:.3f}",
+            })
+    return pd.DataFrame(rows).set_index(["dataset", "method"])
+
+
+def classification_paired(result: Any, other: str = "plain", level: float = 0.95) -> pd.DataFrame:
+    """What the bootstrap buys: per dataset and metric, the mean over splits of (bootstrap − ``other``), its
+    standard error over splits (paired: same split, same test rows), and the verdict of a two-sided paired
+    t-test at ``level``: "better"/"worse" (lower MNLL/ECE, higher accuracy is better) when the mean difference
+    exceeds the t quantile times the standard error, else "no clear difference"."""
+    from scipy import stats
+
+    rows = []
+    for ds in result.summary["real"]:
+        b, o = result[f"{ds}_bootstrap_metrics"], result[f"{ds}_{other}_metrics"]
+        for j, metric in enumerate(_CLASS_METRICS):
+            d = b[:, j] - o[:, j]
+            n = d.size
+            se = d.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+            bound = stats.t.ppf(0.5 + level / 2, n - 1) * se if n > 1 else float("nan")
+            sign = 1.0 if metric == "accuracy" else -1.0
+            if np.isfinite(bound) and abs(d.mean()) > bound:
+                verdict = "better" if sign * d.mean() > 0 else "worse"
+            else:
+                verdict = "no clear difference"
+            rows.append({"dataset": ds, "metric": metric.upper() if metric != "accuracy" else metric,
+                         f"bootstrap − {_CLASS_METHODS[other].lower()}": round(float(d.mean()), 4),
+                         "std. error": round(float(se), 4), "splits": int(n), "bootstrap is": verdict})
+    return pd.DataFrame(rows).set_index(["dataset", "metric"])
+
+
+def classification_buys(result: Any, other: str = "plain") -> Text:
+    """One sentence per dataset: the metrics where the bootstrap is significantly better or worse than
+    ``other`` (:func:`classification_paired`), or that no difference is significant."""
+    df = classification_paired(result, other)
+    parts = []
+    for ds in result.summary["real"]:
+        sub = df.loc[ds]
+        n = int(sub["splits"].iloc[0])
+        col = [c for c in sub.columns if c.startswith("bootstrap − ")][0]
+        found = [f"{'better' if v == 'better' else 'worse'} {m} ({sub.loc[m, col]:+.3f} ± {sub.loc[m, 'std. error']:.3f})"
+                 for m, v in sub["bootstrap is"].items() if v != "no clear difference"]
+        parts.append(f"{ds} ({n} splits): " + ("; ".join(found) if found else "no significant difference"))
+    return Text(". ".join(parts) + ".")

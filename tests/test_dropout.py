@@ -385,3 +385,45 @@ def test_errors():
         dropout.fit_select(key, xr, yr, xr, **{**fs, "hidden_layers": -1})
     with pytest.raises(ValueError, match="unknown UCI dataset 'bostn'"):
         dropout.protocol_grid("bostn", MIRROR)
+
+
+# ------------------------------------------------------------------------------------------ classifiers
+
+
+def test_categorical_loss_is_the_softmax_cross_entropy_plus_decay():
+    from scipy.special import log_softmax
+
+    params = dropout.init(jax.random.key(0), 3, 1, 5, jnp.float64, out_dim=4)
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    y = np.eye(4)[[0, 1, 2, 3, 0, 1]]
+    keep = [jnp.ones((6, layer["w"].shape[0]), bool) for layer in params]
+    f = np.asarray(dropout.forward(params, jnp.asarray(x), keep, 0.0))
+    assert f.shape == (6, 4)
+    decay = sum(float(jnp.sum(layer["w"] ** 2)) for layer in params)
+    want = -np.mean(np.sum(y * log_softmax(f, axis=1), axis=1)) + 0.01 * decay
+    got = dropout.loss(params, jnp.asarray(x), jnp.asarray(y), keep, 0.0, 0.01, likelihood="categorical")
+    assert float(got) == pytest.approx(want, rel=1e-12)
+
+
+def test_categorical_training_separates_classes_and_predicts_per_class():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 2))
+    labels = (x[:, 0] + x[:, 1] > 0).astype(int)
+    params = dropout.init(jax.random.key(1), 2, 1, 16, jnp.float32, out_dim=2)
+    fit = dropout.train(jax.random.key(2), params, x, np.eye(2)[labels], dropout=0.05, tau=1.0, epochs=200,
+                        likelihood="categorical")
+    assert fit.loss[-1] < 0.5 * fit.loss[0]
+    logits = dropout.predict(jax.random.key(3), fit.params, x, 0.05, 7)
+    assert logits.shape == (7, 64, 2)
+    p = np.asarray(jax.nn.softmax(logits, axis=-1).mean(0))
+    assert np.mean(p.argmax(1) == labels) > 0.9
+
+
+def test_categorical_labels_must_be_one_hot():
+    params = dropout.init(jax.random.key(0), 2, 1, 4, out_dim=3)
+    with pytest.raises(ValueError, match=r"one-hot rows of shape \(n, 3\)"):
+        dropout.train(jax.random.key(1), params, np.zeros((4, 2)), np.array([0, 1, 2, 0]), dropout=0.1, tau=1.0,
+                      epochs=1, likelihood="categorical")
+    with pytest.raises(ValueError, match="likelihood must be"):
+        dropout.train(jax.random.key(1), params, np.zeros((4, 2)), np.eye(3)[[0, 1, 2, 0]], dropout=0.1, tau=1.0,
+                      epochs=1, likelihood="bernoulli")

@@ -120,3 +120,70 @@ def test_coverage():
     assert metrics.coverage(y, y - 0.5, y + 0.5) == 1.0
     assert metrics.coverage(y, np.full(4, 0.5), np.full(4, 2.0)) == 0.5  # 1 and 2 inside; bounds inclusive
     assert metrics.coverage(y, np.full(4, 1.0), np.full(4, 1.0)) == 0.25
+
+
+# ------------------------------------------------------------------------------------------ classifiers
+
+
+def test_ece_hand_computed_four_rows():
+    """Confidences 0.9 (right), 0.8 (wrong), 0.7 (right), 0.55 (wrong), one per bin of width 0.1:
+    ECE = (|1 - 0.9| + |0 - 0.8| + |1 - 0.7| + |0 - 0.55|) / 4 = 1.75 / 4."""
+    p = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.45, 0.55]])
+    y = np.array([0, 1, 1, 0])
+    assert metrics.ece(p, y, 10) == pytest.approx(1.75 / 4, rel=1e-14)
+    r = metrics.reliability(p, y, 10)
+    np.testing.assert_array_equal(r.count, [0, 0, 0, 0, 0, 1, 1, 1, 1, 0])
+    np.testing.assert_allclose(r.confidence[5:9], [0.55, 0.7, 0.8, 0.9])
+    np.testing.assert_array_equal(r.accuracy[5:9], [0, 1, 0, 1])
+
+
+def test_ece_uses_the_mean_confidence_inside_a_bin():
+    """Two rows in one bin, confidences 0.62 and 0.68, one right: gap |0.5 - 0.65| = 0.15 (the bin centre
+    0.65 coincides here); with 0.61 and 0.69 still 0.15; with 0.61 and 0.61, |0.5 - 0.61| = 0.11."""
+    y = np.array([0, 1])
+    for c, want in [((0.62, 0.68), 0.15), ((0.61, 0.69), 0.15), ((0.61, 0.61), 0.11)]:
+        p = np.array([[c[0], 1 - c[0]], [c[1], 1 - c[1]]])
+        assert metrics.ece(p, y, 10) == pytest.approx(want, abs=1e-12)
+
+
+def test_ece_of_a_calibrated_predictor_is_zero_and_one_bin_is_the_global_gap():
+    # 10 rows at confidence 0.7, 7 right: calibrated
+    p = np.tile([0.7, 0.3], (10, 1))
+    y = np.array([0] * 7 + [1] * 3)
+    assert metrics.ece(p, y) == pytest.approx(0.0, abs=1e-12)
+    # one bin: |accuracy - mean confidence| over all rows
+    rng = np.random.default_rng(0)
+    q = rng.dirichlet([1, 1, 1], size=50)
+    lab = rng.integers(0, 3, 50)
+    want = abs(np.mean(q.argmax(1) == lab) - q.max(1).mean())
+    assert metrics.ece(q, lab, n_bins=1) == pytest.approx(want, rel=1e-12)
+
+
+def test_confidence_one_falls_in_the_last_bin():
+    p = np.array([[1.0, 0.0], [0.0, 1.0]])
+    r = metrics.reliability(p, np.array([0, 0]), 4)
+    np.testing.assert_array_equal(r.count, [0, 0, 0, 2])
+    assert metrics.ece(p, np.array([0, 0]), 4) == pytest.approx(0.5)
+
+
+def test_accuracy_and_class_mnll_by_hand():
+    p = np.array([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.5, 0.0]])
+    y = np.array([1, 2, 0])
+    assert metrics.accuracy(p, y) == pytest.approx(2 / 3)  # ties go to the first class
+    assert metrics.class_mnll(p, y) == pytest.approx(-(np.log(0.3) + np.log(0.6) + np.log(0.5)) / 3, rel=1e-14)
+    assert np.isfinite(metrics.class_mnll(p, np.array([2, 2, 2])))  # a probability 0 gives a huge, finite NLL
+
+
+@pytest.mark.parametrize(
+    "p, y, match",
+    [
+        (np.array([0.5, 0.5]), np.array([0]), "shape"),
+        (np.array([[0.5, 0.6]]), np.array([0]), "summing to 1"),
+        (np.array([[0.5, 0.5]]), np.array([2]), "labels must be integers"),
+        (np.array([[np.nan, 0.5]]), np.array([0]), "finite"),
+        (np.array([[0.5, 0.5]]), np.array([0, 1]), "labels must have shape"),
+    ],
+)
+def test_classifier_metrics_reject_bad_input(p, y, match):
+    with pytest.raises(ValueError, match=match):
+        metrics.ece(p, y)

@@ -113,3 +113,41 @@ def test_theory_verdicts_follow_their_rules():
     assert str(report.theory_verdicts(s)["theorem1_linear"]) == "matches the KL rate"
     s["lemma1_z_corrected_abs_max"] = 6.0
     assert str(report.theory_verdicts(s)["lemma1"]) == "not settled"
+
+
+# ------------------------------------------------------------------------------------------ classification
+
+
+class _FakeResult:
+    def __init__(self, summary, arrays):
+        self.summary, self.arrays = summary, arrays
+
+    def __getitem__(self, k):
+        return self.arrays[k]
+
+
+def test_classification_paired_verdicts_follow_the_t_test():
+    from scipy import stats
+
+    # differences of MNLL over 4 splits: mean -0.1, sd 0.01 -> far beyond t * se: better
+    base = np.array([[0.9, 0.3, 0.05]] * 4)
+    boot = base.copy()
+    boot[:, 1] -= np.array([0.09, 0.1, 0.11, 0.1])
+    boot[:, 2] += np.array([0.01, -0.01, 0.02, -0.015])  # ECE: noise around zero
+    boot[:, 0] += np.array([-0.02, -0.021, -0.019, -0.02])  # accuracy drops: worse
+    res = _FakeResult({"real": {"d": {}}}, {"d_bootstrap_metrics": boot, "d_plain_metrics": base})
+    df = report.classification_paired(res, "plain")
+    assert df.loc[("d", "MNLL"), "bootstrap is"] == "better"
+    assert df.loc[("d", "accuracy"), "bootstrap is"] == "worse"
+    d = boot[:, 2] - base[:, 2]
+    assert abs(d.mean()) < stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert df.loc[("d", "ECE"), "bootstrap is"] == "no clear difference"
+
+
+def test_classification_verdict_rule():
+    s = {"rhat_max": 1.02, "band_coverage_vs_mcmc": 0.81}
+    assert str(report.classification_verdicts(s)["agreement"]) == "reproduced"
+    assert str(report.classification_verdicts(s)["reference"]) == "converged"
+    s = {"rhat_max": 1.3, "band_coverage_vs_mcmc": 0.79}
+    assert str(report.classification_verdicts(s)["agreement"]) == "NOT reproduced"
+    assert "NOT converged" in str(report.classification_verdicts(s)["reference"])

@@ -5,13 +5,22 @@ Every generator takes a PRNG key first and returns plain float64 numpy arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Regression1D", "univariate", "trig_regression", "trig_frequencies", "toy_relu"]
+__all__ = [
+    "Regression1D",
+    "Classification1D",
+    "univariate",
+    "trig_regression",
+    "trig_frequencies",
+    "toy_relu",
+    "binary_1d",
+]
 
 
 class Regression1D(NamedTuple):
@@ -20,6 +29,34 @@ class Regression1D(NamedTuple):
     x: np.ndarray
     y: np.ndarray
     description: str
+
+
+class Classification1D(NamedTuple):
+    """A 1-D two-class dataset: inputs ``x`` ``(n,)``, labels ``(n,)`` in {0, 1}, and ``p(y = 1 | x)``."""
+
+    x: np.ndarray
+    labels: np.ndarray
+    prob: Callable[[np.ndarray], np.ndarray]
+    description: str
+
+
+def _binary_1d_prob(x: np.ndarray) -> np.ndarray:
+    return 0.5 - 0.5 * np.cos(1.5 * np.asarray(x, float))
+
+
+def binary_1d(key: jax.Array, n: int, half_width: float = 3.0) -> Classification1D:
+    """The classification figure's data (the paper does not publish its own): ``x ~ U(-half_width,
+    half_width)`` sorted, ``y ~ Bernoulli(p(x))`` with ``p(x) = (1 - cos(1.5 x)) / 2``: class 1 on both sides,
+    class 0 in the middle, the transitions where ``p`` crosses 1/2 (``|x| = pi/3``). Both classes are present
+    (else one point is flipped)."""
+    k_x, k_y = jax.random.split(key)
+    x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, -half_width, half_width)))
+    u = np.asarray(jax.random.uniform(k_y, (n,), jnp.float64))
+    labels = (u < _binary_1d_prob(x)).astype(np.int64)
+    if labels.min() == labels.max():
+        labels[0] = 1 - labels[0]
+    desc = f"y ~ Bernoulli((1 - cos(1.5 x)) / 2), x ~ U(-{half_width:g}, {half_width:g}), n = {n}"
+    return Classification1D(x, labels, _binary_1d_prob, desc)
 
 
 def univariate(key: jax.Array, n: int, w_true: float, noise_var: float) -> Regression1D:

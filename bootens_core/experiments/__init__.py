@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import deep_relu, linear, theory, toy_relu, uci, univariate
+from . import classification, deep_relu, linear, theory, toy_relu, uci, univariate
 
-__all__ = ["REGISTRY", "get", "linear", "univariate", "toy_relu", "deep_relu", "theory", "uci"]
+__all__ = [
+    "REGISTRY", "get", "linear", "univariate", "toy_relu", "deep_relu", "theory", "uci", "classification",
+]
 
-REGISTRY: dict[str, ModuleType] = {m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory, uci)}
+REGISTRY: dict[str, ModuleType] = {
+    m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory, uci, classification)
+}
 
 
 def get(name: str) -> ModuleType:

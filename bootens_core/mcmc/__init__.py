@@ -5,7 +5,8 @@
   prior draws, a burn-in, then one kept state every ``thin`` steps). All chains move together (``jax.vmap``
   over chains inside ``jax.lax.scan`` over steps); only the kept states are stored, so chains of hundreds of
   thousands of steps on models with tens of thousands of parameters fit in memory.
-- :func:`nuts_model`: NumPyro's NUTS on the same flattened log joint (a faster reference where gradients help).
+- :func:`nuts_model`: NumPyro's NUTS on the same flattened log joint (a faster reference where gradients help);
+  :func:`nuts` runs it on any log density of flat vectors (e.g. a classification likelihood).
 - :func:`sghmc_model`: scale-adapted stochastic-gradient HMC (Springenberg et al., 2016), the paper's SGHMC
   baseline on UCI (restarts from prior draws, an adapting burn-in, then thinned draws; minibatch gradients);
   its kernel :func:`sghmc_init` / :func:`sghmc_step` (state :class:`SGHMCState`, :class:`SGHMCHyper`) works on
@@ -32,7 +33,7 @@ from __future__ import annotations
 from ._common import MCMCResult, log_density_fn
 from .diagnostics import ess, predictive_diagnostics, rhat
 from .mh import metropolis, metropolis_model
-from .nuts import nuts_model
+from .nuts import nuts, nuts_model
 from .sghmc import SGHMCHyper, SGHMCInfo, SGHMCState, sghmc_init, sghmc_model, sghmc_step
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "log_density_fn",
     "metropolis",
     "metropolis_model",
+    "nuts",
     "nuts_model",
     "predictive_diagnostics",
     "rhat",

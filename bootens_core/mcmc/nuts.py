@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,7 +13,98 @@ import numpy as np
 from ..models import Model, Params
 from ._common import MCMCResult, _check_initial, _count, _flat_init, _prepare, _unravel_draws, log_density_fn
 
-__all__ = ["nuts_model"]
+__all__ = ["nuts", "nuts_model"]
+
+
+def nuts(
+    key: jax.Array,
+    log_density: Callable[[jax.Array], jax.Array],
+    init: Any,
+    *,
+    n_warmup: int,
+    n_draws: int,
+    target_accept: float = 0.8,
+    max_tree_depth: int = 10,
+    progress: bool = False,
+    dtype: Any = jnp.float64,
+) -> tuple[np.ndarray, dict, np.ndarray, np.ndarray, str]:
+    """NumPyro's NUTS on any log density of flat vectors, one chain per row of ``init``.
+
+    Chains adapt step size and a diagonal mass matrix during ``n_warmup`` steps, then keep ``n_draws``
+    states each (no thinning), vectorised on one device (``chain_method="vectorized"``).
+
+    Args:
+        key: the sampler's PRNG key.
+        log_density: ``log p(theta)`` (unnormalised) of a vector ``theta`` of length ``m``, in ``dtype``.
+        init: ``(n_chains, m)`` starting points; the log density must be finite at each.
+        n_warmup, n_draws, target_accept, max_tree_depth, progress: as in :func:`nuts_model`.
+
+    Returns:
+        ``(samples, info, log_density, accept_rate, description)``: ``(n_chains, n_draws, m)`` draws, the
+        :class:`MCMCResult` ``info`` dict, ``(n_chains, n_draws)`` log densities, per-chain mean acceptance
+        probabilities and a one-line description.
+    """
+    with warnings.catch_warnings():
+        # numpyro imports tqdm.auto, which warns in a notebook kernel without ipywidgets.
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from numpyro.infer import MCMC, NUTS
+
+    n_warmup = _count("n_warmup", n_warmup, 0)
+    n_draws = _count("n_draws", n_draws, 1)
+    max_tree_depth = _count("max_tree_depth", max_tree_depth, 1)
+    target_accept = float(target_accept)
+    if not 0 < target_accept < 1:
+        raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
+    flat0 = jnp.asarray(init, dtype)
+    if flat0.ndim != 2:
+        raise ValueError(f"init must have shape (n_chains, m), got {flat0.shape}")
+    n_chains = flat0.shape[0]
+    _check_initial(np.asarray(jax.jit(jax.vmap(log_density))(flat0)))
+
+    # NumPyro draws momenta in JAX's default float dtype (float64 under x64) and would mix them with float32
+    # positions; its state stays in the default dtype and the model is evaluated in ``dtype``.
+    state_dtype = jnp.result_type(float)
+    flat0 = flat0.astype(state_dtype)
+
+    def potential(theta: jax.Array) -> jax.Array:
+        return -log_density(theta.astype(dtype)).astype(state_dtype)
+
+    kernel = NUTS(potential_fn=potential, target_accept_prob=target_accept, max_tree_depth=max_tree_depth)
+    sampler = MCMC(
+        kernel,
+        num_warmup=n_warmup,
+        num_samples=n_draws,
+        num_chains=n_chains,
+        chain_method="vectorized",
+        progress_bar=bool(progress),
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not enough devices.*")
+        sampler.run(
+            key,
+            init_params=flat0,
+            extra_fields=("diverging", "accept_prob", "num_steps", "potential_energy"),
+        )
+    samples = np.asarray(sampler.get_samples(group_by_chain=True)).astype(dtype)
+    extra = sampler.get_extra_fields(group_by_chain=True)
+    step_size = np.asarray(sampler.last_state.adapt_state.step_size, np.float64).reshape(n_chains)
+    diverging = np.asarray(extra["diverging"]).reshape(n_chains, n_draws)
+    num_steps = np.asarray(extra["num_steps"], np.float64).reshape(n_chains, n_draws)
+    accept = np.asarray(extra["accept_prob"], np.float64).reshape(n_chains, n_draws)
+    info = {
+        "step_size": step_size.tolist(),
+        "n_divergent": diverging.sum(axis=1).astype(int).tolist(),
+        "mean_num_steps": num_steps.mean(axis=1).tolist(),
+        "max_tree_depth": max_tree_depth,
+        "target_accept": target_accept,
+        "n_warmup": n_warmup,
+    }
+    description = (
+        f"NUTS (NumPyro), target accept {target_accept:g}, max tree depth {max_tree_depth}, "
+        f"{n_chains} chains, warm-up {n_warmup}, {n_draws} draws"
+    )
+    log_dens = -np.asarray(extra["potential_energy"]).reshape(n_chains, n_draws).astype(dtype)
+    return samples, info, log_dens, accept.mean(axis=1), description
 
 
 def nuts_model(
@@ -45,70 +137,19 @@ def nuts_model(
         max_tree_depth: maximal depth of the NUTS trees (at most ``2**max_tree_depth - 1`` leapfrog steps).
         progress: show NumPyro's progress bar.
     """
-    with warnings.catch_warnings():
-        # numpyro imports tqdm.auto, which warns in a notebook kernel without ipywidgets.
-        warnings.filterwarnings("ignore", message="IProgress not found")
-        from numpyro.infer import MCMC, NUTS
-
     n_chains = _count("n_chains", n_chains, 1)
-    n_warmup = _count("n_warmup", n_warmup, 0)
-    n_draws = _count("n_draws", n_draws, 1)
-    max_tree_depth = _count("max_tree_depth", max_tree_depth, 1)
-    target_accept = float(target_accept)
-    if not 0 < target_accept < 1:
-        raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
     k_init, k_sampler = jax.random.split(key)
     x, y, noise_var = _prepare(x, y, noise_var, dtype)
     log_density, _ = log_density_fn(model, x, y, noise_var)
     flat0 = _flat_init(k_init, model, init, n_chains, dtype)
-    _check_initial(np.asarray(jax.jit(jax.vmap(log_density))(flat0)))
-
-    # NumPyro draws momenta in JAX's default float dtype (float64 under x64) and would mix them with float32
-    # positions; its state stays in the default dtype and the model is evaluated in ``dtype``.
-    state_dtype = jnp.result_type(float)
-    flat0 = flat0.astype(state_dtype)
-
-    def potential(theta: jax.Array) -> jax.Array:
-        return -log_density(theta.astype(dtype)).astype(state_dtype)
-
-    kernel = NUTS(potential_fn=potential, target_accept_prob=target_accept, max_tree_depth=max_tree_depth)
-    sampler = MCMC(
-        kernel,
-        num_warmup=n_warmup,
-        num_samples=n_draws,
-        num_chains=n_chains,
-        chain_method="vectorized",
-        progress_bar=bool(progress),
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not enough devices.*")
-        sampler.run(
-            k_sampler,
-            init_params=flat0,
-            extra_fields=("diverging", "accept_prob", "num_steps", "potential_energy"),
-        )
-    samples = np.asarray(sampler.get_samples(group_by_chain=True)).astype(dtype)
-    extra = sampler.get_extra_fields(group_by_chain=True)
-    step_size = np.asarray(sampler.last_state.adapt_state.step_size, np.float64).reshape(n_chains)
-    diverging = np.asarray(extra["diverging"]).reshape(n_chains, n_draws)
-    num_steps = np.asarray(extra["num_steps"], np.float64).reshape(n_chains, n_draws)
-    accept = np.asarray(extra["accept_prob"], np.float64).reshape(n_chains, n_draws)
-    info = {
-        "step_size": step_size.tolist(),
-        "n_divergent": diverging.sum(axis=1).astype(int).tolist(),
-        "mean_num_steps": num_steps.mean(axis=1).tolist(),
-        "max_tree_depth": max_tree_depth,
-        "target_accept": target_accept,
-        "n_warmup": n_warmup,
-    }
-    description = (
-        f"NUTS (NumPyro), target accept {target_accept:g}, max tree depth {max_tree_depth}, "
-        f"{n_chains} chains, warm-up {n_warmup}, {n_draws} draws"
+    samples, info, log_dens, accept, description = nuts(
+        k_sampler, log_density, flat0, n_warmup=n_warmup, n_draws=n_draws, target_accept=target_accept,
+        max_tree_depth=max_tree_depth, progress=progress, dtype=dtype,
     )
     return MCMCResult(
         params=_unravel_draws(model, samples),
-        log_density=-np.asarray(extra["potential_energy"]).reshape(n_chains, n_draws).astype(dtype),
-        accept_rate=accept.mean(axis=1),
+        log_density=log_dens,
+        accept_rate=accept,
         info=info,
         sampler=description,
     )
