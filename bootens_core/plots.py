@@ -571,8 +571,8 @@ def classification_bands(result: Result) -> Figure:
 @_styled
 def classification_latent(result: Result) -> Figure:
     """The label transform: each class's latent targets ``y~`` with ``±2 sigma~`` bars (log-normal moment
-    matching of Gamma(y + alpha_eps, 1)), and the particles' mean loss along L-BFGS (minus its minimum, so
-    that convergence shows on a log scale)."""
+    matching of Gamma(y + alpha_eps, 1)), and how much the particles' mean loss still decreases per L-BFGS
+    iteration (a log scale shows convergence)."""
     x, ly, lv = result["x"], result["latent_y"], result["latent_var"]
     fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
     for c, ax in enumerate(axes[:2]):
@@ -582,12 +582,12 @@ def classification_latent(result: Result) -> Figure:
     axes[0].set_ylabel("log-space target")
     for key in ("bootstrap", "plain"):
         loss = result[f"loss_{key}"]
-        gap = np.maximum(loss - loss.min(), 1e-8)
-        axes[2].plot(np.arange(1, loss.size + 1), gap, color=_CLASS_COLORS[key], label=_CLASS_METHODS[key])
+        drop = np.maximum(-np.diff(loss), 1e-12)
+        axes[2].plot(np.arange(2, loss.size + 1), drop, color=_CLASS_COLORS[key], label=_CLASS_METHODS[key], lw=0.9)
     axes[2].set_xscale("log")
     axes[2].set_yscale("log")
     axes[2].set_xlabel("L-BFGS iteration")
-    axes[2].set_ylabel("mean loss − its minimum")
+    axes[2].set_ylabel("decrease of the mean loss")
     axes[2].legend(frameon=False)
     fig.tight_layout()
     return fig
