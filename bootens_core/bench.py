@@ -57,6 +57,7 @@ __all__ = [
     "torch_loop_train",
     "measure",
     "run",
+    "load_records",
     "ROW_KEYS",
 ]
 
@@ -511,3 +512,18 @@ def run(key: jax.Array, cfg: BenchConfig, *, use_cache: bool = True, force: bool
     reads a measurement made once instead of re-measuring on every execution."""
     return store.cached(NAME, key, cfg, lambda: ({}, measure(key, cfg, progress=progress)),
                         use_cache=use_cache, force=force)
+
+
+def load_records(directory: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """The committed benchmark records ``<directory>/<label>/bench.json`` (e.g. a GPU run), by label; an empty
+    dict when there are none. A record without ``device``/``rows`` is an error naming the file."""
+    import json
+    from pathlib import Path
+
+    out = {}
+    for path in sorted(Path(directory).glob("*/bench.json")):
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or "device" not in doc or "rows" not in doc:
+            raise ValueError(f"{path} is not a bench.json document (no device or rows)")
+        out[path.parent.name] = doc
+    return out
