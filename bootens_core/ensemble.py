@@ -230,7 +230,11 @@ def init(
 
 
 def _particle_step(model: Model, opt: Optimizer):
-    """One step of one particle: minimise ``-log p~`` (i.e. ascend ``log p~``)."""
+    """One step of one particle: minimise ``-log p~`` (i.e. ascend ``log p~``).
+
+    For an optimizer that reads the loss value (the line-search L-BFGS) this single-particle step is kept for
+    reference; the ensemble runs :func:`_ensemble_step`, which takes the same step for every particle.
+    """
 
     def step(params, opt_state, pert, x, noise_var):
         def loss_fn(p):
@@ -245,6 +249,51 @@ def _particle_step(model: Model, opt: Optimizer):
             value, grad = jax.value_and_grad(loss_fn)(params)
             updates, opt_state = opt.tx.update(grad, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+def _ensemble_step(model: Model, opt: Optimizer):
+    """One step of every particle (leading axis ``k``), as ``jax.vmap`` of :func:`_particle_step`.
+
+    With a line search, the value and gradient at the current particles are those the line search stored in
+    the optimizer state at the previous step; only where they are missing (the first step, or a non-finite
+    value) are they computed (``optax.value_and_grad_from_state``). Under ``vmap`` that function's
+    ``lax.cond`` on a per-particle predicate becomes a ``select`` that evaluates the gradient of every
+    particle at every step and throws it away. Here the check is made once for the whole ensemble: while every
+    particle's stored value is finite -- every step but the first, for a healthy ensemble -- nothing is
+    evaluated; otherwise the gradients are computed and the stored ones kept where finite, as per particle.
+    The particles are the same; one gradient evaluation per step is saved.
+    """
+    if not opt.needs_value:
+        return jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
+
+    def loss_fn(p, pert, x, noise_var):
+        return -perturbed_log_joint(model, p, x, pert, noise_var)
+
+    value_and_grad_all = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, None))
+
+    def update_one(params, opt_state, pert, x, noise_var, value, grad):
+        def value_fn(p):
+            return loss_fn(p, pert, x, noise_var)
+
+        updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=value_fn)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, None, 0, 0))
+
+    def step(params, opt_state, pert, x, noise_var):
+        stored_value = optax.tree.get(opt_state, "value")
+        stored_grad = optax.tree.get(opt_state, "grad")
+        stored_ok = ~jnp.isinf(stored_value) & ~jnp.isnan(stored_value)
+
+        def fresh(_):
+            value, grad = value_and_grad_all(params, pert, x, noise_var)
+            keep = lambda s, f: jnp.where(stored_ok.reshape((-1,) + (1,) * (f.ndim - 1)), s, f)  # noqa: E731
+            return keep(stored_value, value), jax.tree.map(keep, stored_grad, grad)
+
+        value, grad = jax.lax.cond(jnp.all(stored_ok), lambda _: (stored_value, stored_grad), fresh, None)
+        return update_all(params, opt_state, pert, x, noise_var, value, grad)
 
     return step
 
@@ -276,7 +325,7 @@ def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] 
 
 
 def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
-    step_all = jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
+    step_all = _ensemble_step(model, opt)
 
     def run_chunk(state, buf, pert, x, noise_var, slots, valid):
         def body(carry, inp):
