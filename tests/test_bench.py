@@ -134,3 +134,54 @@ def test_cli_writes_the_bench_json_contract(tmp_path: Path, capsys):
 def test_cli_bench_bad_dataset(tmp_path: Path, capsys):
     assert cli.main(["bench", "--datasets", "mnist", "--quiet", "--out", str(tmp_path)]) == 2
     assert "unknown bench dataset" in capsys.readouterr().err
+
+
+def _doc(platform: str, rows: list[dict]) -> dict:
+    return {"device": {"platform": platform, "kind": platform, "cpu_model": "test cpu"}, "rows": rows}
+
+
+def _row(model: str, dataset: str, k: int, speedup: float, roof: float) -> dict:
+    rate = 100.0 * k
+    return {"model": model, "dataset": dataset, "k": k, "n": 64, "hidden_layers": int(model[4]),
+            "particle_steps_per_s": rate, "particle_steps_per_s_spread": {"min": 0.9 * rate, "max": 1.1 * rate},
+            "flops_per_s": 2e9, "speedup_vs_jax_loop": speedup, "speedup_vs_torch_loop": None,
+            "roofline_fraction": roof, "roofline_bound": "memory"}
+
+
+def test_verdicts_against_the_targets():
+    from bootens_core import report
+
+    cpu = _doc("cpu", [_row("mlp-1x50", "boston", 200, 35.0, 0.5), _row("mlp-4x50", "boston", 200, 12.0, 0.5),
+                       _row("mlp-1x50", "boston", 10, 1.0, 0.5)])
+    v = report.bench_verdicts({"cpu": cpu})
+    assert str(v["cpu"]).startswith("not met") and "1 of 2 rows" in str(v["cpu"])
+    assert str(v["gpu"]).startswith("not measured")
+    gpu = _doc("gpu", [_row("mlp-4x50", "protein", 10, 5.0, 0.2), _row("mlp-4x50", "protein", 1000, 80.0, 0.6)])
+    v = report.bench_verdicts({"cpu": cpu, "h200": gpu})
+    assert str(v["gpu"]).startswith("met") and "60% of its roofline at k = 1000" in str(v["gpu"])
+    ok = _doc("cpu", [_row("mlp-1x50", "boston", 200, 31.0, 0.5)])
+    assert str(report.bench_verdicts({"cpu": ok})["cpu"]).startswith("met")
+
+
+def test_table_and_figure_of_a_document():
+    from bootens_core import plots, report
+
+    doc = _doc("cpu", [_row("mlp-1x50", "boston", k, 1.0, 0.5) for k in (1, 10)]
+               + [_row("mlp-4x50", "protein", k, 1.0, 0.5) for k in (1, 10)])
+    table = report.bench_table(doc)
+    assert len(table) == 4 and table.loc[("mlp-1x50", "boston (64)", 10), "x PyTorch loop"] == "—"
+    fig = plots.bench_throughput({"this": doc, "other": doc})
+    assert len(fig.axes) == 6
+    with pytest.raises(ValueError, match="no benchmark"):
+        plots.bench_throughput({})
+
+
+def test_load_records(tmp_path: Path):
+    assert bench.load_records(tmp_path / "none") == {}
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "bench.json").write_text(json.dumps(_doc("gpu", [])))
+    assert list(bench.load_records(tmp_path)) == ["h200"]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "bench.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad/bench.json is not a bench.json"):
+        bench.load_records(tmp_path)
