@@ -460,6 +460,9 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                     "jax_loop_spread": spread(loop_rates), "jax_loop_particles": m,
                     "jax_loop_first_call_s": loop_first,
                     "speedup_vs_jax_loop": med / loop_med,
+                    # The most any speed-up over the JAX loop could be on this device: the measured matmul peak
+                    # over the loop's own (matmul) FLOP/s.
+                    "speedup_ceiling_vs_jax_loop": peak["flops_per_s"] / (loop_med * flops),
                     "torch_loop_particle_steps_per_s": torch_med,
                     "torch_loop_spread": spread(torch_rates) if torch_rates else None,
                     "speedup_vs_torch_loop": med / torch_med if torch_med else None,
