@@ -138,17 +138,17 @@ def spread(samples: Sequence[float]) -> dict[str, float]:
             "q25": float(q25), "q75": float(q75)}
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
-    """Seconds of a first (warm-up, compiling) call, then of ``repeats`` calls; every call waits for its result."""
+def _once(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of ``fn``, waiting for its result."""
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append(time.perf_counter() - t0)
-    return first, out
+    return time.perf_counter() - t0
+
+
+def _time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
+    """Seconds of a first (warm-up, compiling) call, then of ``repeats`` calls; every call waits for its result."""
+    first = _once(fn)
+    return first, [_once(fn) for _ in range(repeats)]
 
 
 def measure_peak_flops(key: jax.Array, size: int, repeats: int) -> dict[str, Any]:
@@ -418,8 +418,8 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                          noise_var=cfg.noise_var)
             if bar is not None:
                 bar.set_postfix_str(f"{model_name} {ds} loops")
-            loop_first, loop_secs = _time(_loop(base, cfg.steps, m), cfg.repeats)
-            loop_rates = [m * cfg.steps / s for s in loop_secs]
+            loop_fn = _loop(base, cfg.steps, m)
+            loop_first, _ = _time(loop_fn, 0)  # warm-up (compiles the single-particle program)
             torch_rates = None
             if use_torch:
                 secs: list[float] = []
@@ -443,8 +443,16 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                 if mesh is not None:
                     p = _shard_problem(p, mesh)
                 go = _steps_fn(p, cfg.steps)
-                first, secs_k = _time(lambda g=go, q=p: g(q["state"], q["pert"]), cfg.repeats)
+                first, _ = _time(lambda g=go, q=p: g(q["state"], q["pert"]), 0)
+                # Repeats alternate the ensemble and the JAX loop, so that both see the same machine (a shared
+                # machine's load drifts): the speed-up is the median of the paired ratios.
+                secs_k, loop_secs = [], []
+                for _ in range(cfg.repeats):
+                    secs_k.append(_once(lambda g=go, q=p: g(q["state"], q["pert"])))
+                    loop_secs.append(_once(loop_fn))
                 rates = [k * cfg.steps / s for s in secs_k]
+                loop_rates = [m * cfg.steps / s for s in loop_secs]
+                paired = [r / lr for r, lr in zip(rates, loop_rates, strict=True)]
                 med = statistics.median(rates)
                 loop_med = statistics.median(loop_rates)
                 torch_med = statistics.median(torch_rates) if torch_rates else None
@@ -459,7 +467,8 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                     "jax_loop_particle_steps_per_s": loop_med,
                     "jax_loop_spread": spread(loop_rates), "jax_loop_particles": m,
                     "jax_loop_first_call_s": loop_first,
-                    "speedup_vs_jax_loop": med / loop_med,
+                    "speedup_vs_jax_loop": statistics.median(paired),
+                    "speedup_vs_jax_loop_spread": spread(paired),
                     # The most any speed-up over the JAX loop could be on this device: the measured matmul peak
                     # over the loop's own (matmul) FLOP/s.
                     "speedup_ceiling_vs_jax_loop": peak["flops_per_s"] / (loop_med * flops),
