@@ -5,6 +5,7 @@
     bootens run linear --profile paper --out results/ --force
     bootens run uci --profile paper --datasets boston yacht --methods ensemble-1 gp --workers 2
     bootens run uci --profile paper --stored-only     # summarise the cells finished so far
+    bootens bench --quick --out results/bench         # particle throughput -> results/bench/bench.json
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
 summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes.
@@ -104,6 +105,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    import jax
+
+    from . import bench, config
+
+    cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
+    overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
+                 "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
+    for name, value in overrides.items():
+        if value is not None:
+            cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
+    if args.shard:
+        cfg = dataclasses.replace(cfg, shard=True)
+    if args.no_torch:
+        cfg = dataclasses.replace(cfg, torch=False)
+    try:
+        doc = bench.measure(jax.random.key(cfg.seed), cfg, progress=not args.quiet)
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    doc["profile"] = "quick" if args.quick else config.profile(args.profile)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".bench.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(out / "bench.json")
+    if not args.quiet:
+        for r in doc["rows"]:
+            torch_x = "-" if r["speedup_vs_torch_loop"] is None else f"{r['speedup_vs_torch_loop']:.2f}"
+            print(f"{r['model']:<9} {r['dataset']:<8} k={r['k']:<5} {r['particle_steps_per_s']:>10.4g} "
+                  f"particle-steps/s  {r['flops_per_s']:.3g} FLOP/s  x{r['speedup_vs_jax_loop']:.2f} vs JAX loop  "
+                  f"x{torch_x} vs torch loop  {r['roofline_fraction']:.0%} of roofline")
+    print(f"bootens: wrote {out / 'bench.json'} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bootens`` console script."""
     parser = argparse.ArgumentParser(prog="bootens", description=__doc__.split("\n\n")[0])
@@ -126,6 +166,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--stored-only", action="store_true",
                        help="uci: compute nothing; summarise the cells already stored (missing ones are listed)")
     p_run.set_defaults(fn=_cmd_run)
+    p_bench = sub.add_parser("bench", help="particle throughput vs k, loops and the roofline -> OUT/bench.json")
+    p_bench.add_argument("--quick", action="store_true", help="the quick benchmark (under 2 minutes on 2 CPU cores)")
+    p_bench.add_argument("--profile", choices=["quick", "paper"], default=None,
+                         help="settings profile without --quick (default: $BOOTENS_PROFILE or quick)")
+    p_bench.add_argument("--out", default="results/bench", help="folder of bench.json (default: results/bench)")
+    p_bench.add_argument("--k", type=int, nargs="+", default=None, help="particle counts, e.g. 1 10 50 200 1000")
+    p_bench.add_argument("--models", type=int, nargs="+", default=None, help="hidden layers of the networks (1 4)")
+    p_bench.add_argument("--datasets", nargs="+", default=None, help="shapes of: boston kin8nm protein")
+    p_bench.add_argument("--steps", type=int, default=None, help="training steps per timed call")
+    p_bench.add_argument("--repeats", type=int, default=None, help="timed calls per row (after a warm-up)")
+    p_bench.add_argument("--max-rows", type=int, default=None, help="cap on training rows (0 = full size)")
+    p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
+    p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
+    p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
+    p_bench.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
+    p_bench.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

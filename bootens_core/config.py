@@ -22,6 +22,7 @@ __all__ = [
     "TheoryConfig",
     "UCIConfig",
     "ClassificationConfig",
+    "BenchConfig",
     "UCI_DATASETS",
     "UCI_METHODS",
     "for_profile",
@@ -405,3 +406,46 @@ class ClassificationConfig:
     def paper(cls) -> ClassificationConfig:
         return cls(nuts_chains=10, nuts_warmup=1000, nuts_draws=200, nuts_max_tree_depth=10, n_splits=10,
                    real_particles=200, mcd_samples=10_000)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The particle-throughput benchmark (``bootens bench``, :mod:`bootens_core.bench`).
+
+    Ensembles of the UCI networks (``hidden_layers`` x ``width`` ReLU units) on synthetic data with the
+    inputs and training sizes of ``datasets``, trained full-batch by Adam (learning rate ``learning_rate``) on
+    Algorithm 1's perturbed log joint for ``steps`` steps, for every particle count of ``ks``; each timing is
+    repeated ``repeats`` times after a warm-up. ``max_rows`` caps the training size (0 = the dataset's).
+    The baselines run ``loop_particles`` single-particle trainings (their rate does not depend on ``k``).
+    ``max_memory_fraction`` skips rows whose estimated working set exceeds that fraction of the device memory.
+    ``peak_size`` (matrix side of the peak-FLOP/s matmul) and ``bandwidth_mib`` (array size of the bandwidth
+    kernel) are 0 for a size chosen by the platform.
+    """
+
+    seed: int = 0
+    hidden_layers: tuple[int, ...] = (1, 4)
+    width: int = 50
+    datasets: tuple[str, ...] = ("boston", "kin8nm", "protein")
+    ks: tuple[int, ...] = (1, 10, 50, 200, 1000)
+    steps: int = 50
+    repeats: int = 5
+    max_rows: int = 0
+    learning_rate: float = 1e-3
+    noise_var: float = 0.1
+    loop_particles: int = 50
+    torch: bool = True
+    shard: bool = False
+    max_memory_fraction: float = 0.5
+    peak_size: int = 0
+    bandwidth_mib: int = 0
+    peak_repeats: int = 5
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        # Kin8nm's capped shape (8 inputs, 512 rows) would repeat Protein's (9, 512): the paper profile has it.
+        return cls(datasets=("boston", "protein"), ks=(1, 10, 50, 200), steps=5, repeats=5, max_rows=512,
+                   loop_particles=10, peak_repeats=3)
+
+    @classmethod
+    def paper(cls) -> BenchConfig:
+        return cls()

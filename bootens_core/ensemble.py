@@ -11,6 +11,16 @@ Example::
     opt = ensemble.optimizer("adagrad", 0.01)
     res = ensemble.train(key, model, x, y, noise_var=0.1, n_particles=200, opt=opt, steps=400)
     f = ensemble.predict(model, res.params, x_test)          # (200, n_test)
+
+**Devices.** ``train(..., shard=True)`` lays the particle axis of the particles, their optimizer states and
+their replicates over a one-axis mesh ``("particles",)`` of every device (``jax.sharding``); data are
+replicated. Particles never interact, so XLA partitions each step without communication and the particles
+are those of the unsharded run. ``k`` need not divide by the device count: the particle axis is padded with
+copies of particle 0, whose results are dropped. On several hosts, call ``jax.distributed.initialize()``
+in every process first: the mesh then spans the devices of all processes, every process builds the same
+replicates from the same key (nothing random is communicated), places its own slice
+(``jax.make_array_from_callback``) and gathers the trained particles at the end
+(``multihost_utils.process_allgather``).
 """
 
 from __future__ import annotations
@@ -23,6 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .models import Model, Params, predict, prior_sample
 from .perturb import Perturbation, perturbed_log_joint
@@ -39,6 +52,10 @@ __all__ = [
     "init",
     "train",
     "predict",
+    "particle_mesh",
+    "shard_particles",
+    "replicate",
+    "gather",
 ]
 
 
@@ -235,7 +252,11 @@ def init(
 
 
 def _particle_step(model: Model, opt: Optimizer):
-    """One step of one particle: minimise ``-log p~`` (i.e. ascend ``log p~``)."""
+    """One step of one particle: minimise ``-log p~`` (i.e. ascend ``log p~``).
+
+    For an optimizer that reads the loss value (the line-search L-BFGS) this single-particle step is kept for
+    reference; the ensemble runs :func:`_ensemble_step`, which takes the same step for every particle.
+    """
 
     def step(params, opt_state, pert, x, noise_var):
         def loss_fn(p):
@@ -250,6 +271,51 @@ def _particle_step(model: Model, opt: Optimizer):
             value, grad = jax.value_and_grad(loss_fn)(params)
             updates, opt_state = opt.tx.update(grad, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+def _ensemble_step(model: Model, opt: Optimizer):
+    """One step of every particle (leading axis ``k``), as ``jax.vmap`` of :func:`_particle_step`.
+
+    With a line search, the value and gradient at the current particles are those the line search stored in
+    the optimizer state at the previous step; only where they are missing (the first step, or a non-finite
+    value) are they computed (``optax.value_and_grad_from_state``). Under ``vmap`` that function's
+    ``lax.cond`` on a per-particle predicate becomes a ``select`` that evaluates the gradient of every
+    particle at every step and throws it away. Here the check is made once for the whole ensemble: while every
+    particle's stored value is finite -- every step but the first, for a healthy ensemble -- nothing is
+    evaluated; otherwise the gradients are computed and the stored ones kept where finite, as per particle.
+    The particles are the same; one gradient evaluation per step is saved.
+    """
+    if not opt.needs_value:
+        return jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
+
+    def loss_fn(p, pert, x, noise_var):
+        return -perturbed_log_joint(model, p, x, pert, noise_var)
+
+    value_and_grad_all = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, None))
+
+    def update_one(params, opt_state, pert, x, noise_var, value, grad):
+        def value_fn(p):
+            return loss_fn(p, pert, x, noise_var)
+
+        updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=value_fn)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, None, 0, 0))
+
+    def step(params, opt_state, pert, x, noise_var):
+        stored_value = optax.tree.get(opt_state, "value")
+        stored_grad = optax.tree.get(opt_state, "grad")
+        stored_ok = ~jnp.isinf(stored_value) & ~jnp.isnan(stored_value)
+
+        def fresh(_):
+            value, grad = value_and_grad_all(params, pert, x, noise_var)
+            keep = lambda s, f: jnp.where(stored_ok.reshape((-1,) + (1,) * (f.ndim - 1)), s, f)  # noqa: E731
+            return keep(stored_value, value), jax.tree.map(keep, stored_grad, grad)
+
+        value, grad = jax.lax.cond(jnp.all(stored_ok), lambda _: (stored_value, stored_grad), fresh, None)
+        return update_all(params, opt_state, pert, x, noise_var, value, grad)
 
     return step
 
@@ -281,7 +347,7 @@ def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] 
 
 
 def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
-    step_all = jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
+    step_all = _ensemble_step(model, opt)
 
     def run_chunk(state, buf, pert, x, noise_var, slots, valid):
         def body(carry, inp):
@@ -313,6 +379,66 @@ def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], 
     return jax.jit(run_chunk)
 
 
+def particle_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A one-axis mesh ``("particles",)`` over ``devices`` (default: every device of every process)."""
+    devs = list(jax.devices() if devices is None else devices)
+    if not devs:
+        raise ValueError("particle_mesh needs at least one device")
+    return Mesh(np.asarray(devs, dtype=object), ("particles",))
+
+
+def _place(tree: Any, sharding: NamedSharding) -> Any:
+    # make_array_from_callback works on one host and on many: each process hands over its own devices' slices
+    # of a host array that every process holds in full.
+    def put(leaf):
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    return jax.tree.map(put, tree)
+
+
+def shard_particles(tree: Any, mesh: Mesh) -> Any:
+    """Place every leaf (leading particle axis divisible by the mesh size) split over ``mesh``'s particles."""
+    n = mesh.devices.size
+    for leaf in jax.tree.leaves(tree):
+        if np.ndim(leaf) == 0 or np.shape(leaf)[0] % n:
+            raise ValueError(
+                f"cannot split a leaf of shape {np.shape(leaf)} over {n} devices: its leading (particle) axis "
+                f"must be a multiple of {n}"
+            )
+    return _place(tree, NamedSharding(mesh, P("particles")))
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """Place every leaf whole on every device of ``mesh``."""
+    return _place(tree, NamedSharding(mesh, P()))
+
+
+def gather(tree: Any) -> Any:
+    """Every leaf as a host ``numpy`` array, gathered across processes when it spans several hosts."""
+
+    def get(leaf):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        return np.asarray(leaf)
+
+    return jax.tree.map(get, tree)
+
+
+def _pad_particles(tree: Any, k_pad: int) -> Any:
+    """Append copies of particle 0 until the leading axis has ``k_pad`` entries."""
+
+    def pad(leaf):
+        k = leaf.shape[0]
+        if k == k_pad:
+            return leaf
+        return jnp.concatenate([leaf, jnp.repeat(leaf[:1], k_pad - k, axis=0)], axis=0)
+
+    return jax.tree.map(pad, tree)
+
+
 def train(
     key: jax.Array,
     model: Model,
@@ -331,6 +457,7 @@ def train(
     on_diverged: str = "raise",
     progress: bool | str = False,
     n_chunks: int = 1,
+    shard: bool | Sequence[jax.Device] | Mesh = False,
 ) -> EnsembleResult:
     """Run Algorithm 1 on ``n_particles`` particles for ``steps`` optimizer steps.
 
@@ -353,6 +480,11 @@ def train(
         progress: show a progress bar (a description string sets its label).
         n_chunks: split the scan into this many equal chunks (one compilation) so that a progress bar can
             advance between them; progress bars use at least 50.
+        shard: split the particle axis over devices: ``True`` for every device (of every process, after
+            ``jax.distributed.initialize()``), a sequence of devices, or a :func:`particle_mesh`. ``k`` is padded
+            to a multiple of the device count with copies of particle 0 (dropped from the results), which
+            ``record`` would see: with ``record``, ``k`` must divide evenly. The particles equal the
+            unsharded run's.
     """
     if on_diverged not in ("raise", "report"):
         raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
@@ -373,6 +505,24 @@ def train(
     )
     init_params = state.params
 
+    mesh = None
+    k = int(n_particles)
+    if shard is not False and shard is not None:
+        mesh = shard if isinstance(shard, Mesh) else particle_mesh(None if shard is True else shard)
+        n_dev = mesh.devices.size
+        k_pad = -(-k // n_dev) * n_dev
+        if k_pad != k and record is not None:
+            raise ValueError(
+                f"shard with record needs n_particles divisible by the {n_dev} devices (got {k}): padding "
+                "particles would change what record sees"
+            )
+        state = State(*shard_particles(_pad_particles((state.params, state.opt_state), k_pad), mesh),
+                      replicate(state.step, mesh))
+        pert_run = shard_particles(_pad_particles(pert, k_pad), mesh)
+        x, noise_var = replicate((x, noise_var), mesh)
+    else:
+        pert_run = pert
+
     if progress:
         n_chunks = max(n_chunks, min(50, max(steps, 1)))
     n_chunks = max(1, min(int(n_chunks), max(steps, 1)))
@@ -392,6 +542,8 @@ def train(
         buf = jax.tree.map(lambda p: jnp.zeros((len(snaps), *p.shape), p.dtype), state.params)
         if snaps[0] == 0:
             buf = jax.tree.map(lambda b, p: b.at[0].set(p), buf, state.params)
+        if mesh is not None:
+            buf = _place(gather(buf), NamedSharding(mesh, P(None, "particles")))
 
     runner = _chunk_runner(model, opt, record, with_snapshots)
     losses, recs = [], []
@@ -403,7 +555,9 @@ def train(
     try:
         for c in range(n_chunks):
             sl = slice(c * chunk, (c + 1) * chunk)
-            state, buf, loss, rec = runner(state, buf, pert, x, noise_var, jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
+            # Sharded: host arrays for the step schedule (every process passes the same, replicated values).
+            sched = (slots[sl], valid[sl]) if mesh is not None else (jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
+            state, buf, loss, rec = runner(state, buf, pert_run, x, noise_var, *sched)
             losses.append(loss)
             recs.append(rec)
             if bar is not None:
@@ -413,7 +567,13 @@ def train(
         if bar is not None:
             bar.close()
 
-    k = int(n_particles)
+    params = state.params
+    if mesh is not None:
+        # Back to host arrays (gathered across processes), padding particles dropped.
+        params = jax.tree.map(lambda a: jnp.asarray(a[:k]), gather(params))
+        buf = None if buf is None else jax.tree.map(lambda a: jnp.asarray(a[:, :k]), gather(buf))
+        losses = [np.asarray(v)[:, :k] for v in gather(losses)]
+        recs = gather(recs)
     loss = np.concatenate([np.asarray(v) for v in losses])[:steps] if losses else np.zeros((0, k))
     records = None
     if record is not None:
@@ -421,7 +581,7 @@ def train(
         records = jax.tree.map(lambda *rs: np.concatenate([np.asarray(r) for r in rs])[: steps + 1], first, *recs)
 
     finite = jnp.ones((k,), bool)
-    for leaf in jax.tree.leaves(state.params):
+    for leaf in jax.tree.leaves(params):
         finite = finite & jnp.all(jnp.isfinite(leaf.reshape(k, -1)), axis=1)
     diverged = ~np.asarray(finite)
     if diverged.any() and on_diverged == "raise":
@@ -436,7 +596,7 @@ def train(
             first,
         )
     return EnsembleResult(
-        params=state.params,
+        params=params,
         init_params=init_params,
         snapshots=buf,
         snapshot_steps=snaps,

@@ -31,6 +31,7 @@ __all__ = [
     "deep_relu_faithful",
     "theory_linear",
     "theory_conditions",
+    "bench_throughput",
     "uci_splits",
     "uci_lbfgs",
     "classification_bands",
@@ -392,6 +393,55 @@ def theory_conditions(result: Result) -> Figure:
 _UCI_METRICS = {"rmse": ("test_rmse", "test RMSE"), "mnll": ("test_mnll", "test MNLL"),
                 "coverage95": ("coverage95", "95% interval coverage")}
 _UCI_METHOD_ORDER = ("ensemble-1", "ensemble-4", "mcd-1", "mcd-4", "sghmc-1", "gp")
+
+
+_BENCH_COLORS = {"boston": "#1f77b4", "kin8nm": "#2ca02c", "protein": "#d62728"}
+
+
+@_styled
+def bench_throughput(docs: dict[str, dict[str, Any]]) -> Figure:
+    """The benchmark (``bench.json`` documents by label, one row of panels each): particle-steps/s against
+    the number of particles ``k``, the speed-up over the loop of single-particle trainings (JAX solid,
+    PyTorch dotted), and the fraction of the device's roofline; colour = dataset shape, marker = depth.
+    Error bars: min to max over the timed repeats."""
+    if not docs:
+        raise ValueError("no benchmark documents to plot")
+    fig, axes = plt.subplots(len(docs), 3, figsize=(9.5, 2.7 * len(docs)), squeeze=False)
+    for row, (label, doc) in zip(axes, docs.items(), strict=True):
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in doc["rows"]:
+            groups.setdefault((r["model"], r["dataset"]), []).append(r)
+        for (model, ds), rs in groups.items():
+            rs = sorted(rs, key=lambda r: r["k"])
+            k = np.array([r["k"] for r in rs])
+            color = _BENCH_COLORS.get(ds, "#555555")
+            marker = "o" if model.startswith("mlp-1x") else "s"
+            rate = np.array([r["particle_steps_per_s"] for r in rs])
+            lo = rate - np.array([r["particle_steps_per_s_spread"]["min"] for r in rs])
+            hi = np.array([r["particle_steps_per_s_spread"]["max"] for r in rs]) - rate
+            row[0].errorbar(k, rate, yerr=[lo, hi], color=color, marker=marker, ms=3.5, capsize=2,
+                            label=f"{model} {ds}")
+            row[1].plot(k, [r["speedup_vs_jax_loop"] for r in rs], color=color, marker=marker, ms=3.5)
+            if all(r["speedup_vs_torch_loop"] is not None for r in rs):
+                row[1].plot(k, [r["speedup_vs_torch_loop"] for r in rs], color=color, marker=marker, ms=3.5,
+                            ls=":")
+            row[2].plot(k, [r["roofline_fraction"] for r in rs], color=color, marker=marker, ms=3.5)
+        dev = doc["device"]
+        name = dev.get("cpu_model") if dev.get("platform") == "cpu" else dev.get("kind")
+        row[0].set_title(f"{label}: {name} ({dev.get('platform')})", loc="left")
+        row[0].set_ylabel("particle-steps / s")
+        row[1].axhline(1.0, color=COLORS["prior"], lw=0.8)
+        row[1].set_ylabel("speed-up vs loop of k=1 trainings")
+        row[2].axhline(1.0, color=COLORS["prior"], lw=0.8)
+        row[2].set_ylabel("fraction of roofline")
+        for ax in row:
+            ax.set_xscale("log")
+            ax.set_xlabel("particles k")
+        row[0].set_yscale("log")
+        row[1].set_yscale("log")
+    axes[0, 0].legend(frameon=False, fontsize=7, ncol=1)
+    fig.tight_layout()
+    return fig
 
 
 def _uci_cells(result: Result) -> list[dict[str, Any]]:

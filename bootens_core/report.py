@@ -21,6 +21,8 @@ __all__ = [
     "toy_relu_verdicts",
     "deep_relu_verdicts",
     "theory_verdicts",
+    "bench_table",
+    "bench_verdicts",
     "UCI_TABLE1",
     "UCI_TABLES23",
     "UCI_PENDING",
@@ -149,6 +151,59 @@ UCI_TABLE1 = (("ensemble", 1), ("ensemble", 4), ("mcd", 4), ("sghmc", 1))
 UCI_TABLES23 = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
 # Methods whose issue has not landed yet: shown as "pending", never as a number.
 UCI_PENDING: tuple[str, ...] = ()
+
+
+def bench_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """``bench.json`` as a table: one row per model x dataset shape x k; rates are medians over the timed
+    repeats with [min, max]."""
+    out = []
+    for r in doc["rows"]:
+        s = r["particle_steps_per_s_spread"]
+        torch_x = r.get("speedup_vs_torch_loop")
+        out.append({
+            "model": r["model"], "dataset (n)": f"{r['dataset']} ({r['n']})", "k": r["k"],
+            "particle-steps/s [min, max]": f"{r['particle_steps_per_s']:.3g} [{s['min']:.3g}, {s['max']:.3g}]",
+            "GFLOP/s": round(r["flops_per_s"] / 1e9, 2),
+            "x JAX loop": round(r["speedup_vs_jax_loop"], 2),
+            "x PyTorch loop": "—" if torch_x is None else round(torch_x, 2),
+            "roofline (bound)": f"{r['roofline_fraction']:.0%} ({r['roofline_bound']})",
+        })
+    return pd.DataFrame(out).set_index(["model", "dataset (n)", "k"])
+
+
+def bench_verdicts(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
+    """The issue's targets against the measured documents (by label).
+
+    ``cpu``: at k = 200 on a CPU, at least 30x the particle-steps/s of the loop of single-particle trainings.
+    ``gpu``: on a GPU, the 4-layer network of Protein's shape at >= 50% of its roofline (largest k measured).
+    A target without a document of its device says "not measured".
+    """
+    cpu = [(lab, r) for lab, d in docs.items() if d["device"].get("platform") == "cpu"
+           for r in d["rows"] if r["k"] == 200]
+    gpu = [(lab, r) for lab, d in docs.items() if d["device"].get("platform") == "gpu"
+           for r in d["rows"] if r["model"].startswith("mlp-4x") and r["dataset"] == "protein"]
+    out = {}
+    if cpu:
+        x = np.array([r["speedup_vs_jax_loop"] for _, r in cpu])
+        met = int((x >= 30).sum())
+        out["cpu"] = Text(
+            f"{'met' if met == len(x) else 'not met'}: at k = 200 on CPU the ensemble runs at "
+            f"{x.min():.2g}x to {x.max():.2g}x (median {np.median(x):.2g}x) the loop of single-particle "
+            f"trainings, target 30x ({met} of {len(x)} rows reach it)"
+        )
+    else:
+        out["cpu"] = Text("not measured: no CPU benchmark with k = 200")
+    if gpu:
+        best = {}
+        for lab, r in gpu:
+            if lab not in best or r["k"] > best[lab]["k"]:
+                best[lab] = r
+        parts = [f"{lab}: {r['roofline_fraction']:.0%} of its roofline at k = {r['k']}" for lab, r in best.items()]
+        ok = all(r["roofline_fraction"] >= 0.5 for r in best.values())
+        out["gpu"] = Text(f"{'met' if ok else 'not met'} (target 50%): " + "; ".join(parts))
+    else:
+        out["gpu"] = Text("not measured: no GPU benchmark record (results/paper/bench/) yet")
+    return out
 
 
 def _pm(mean: float, std: float) -> str:

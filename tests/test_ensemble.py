@@ -516,3 +516,52 @@ def test_label_shape_must_match_the_model_outputs(out_dim, y_shape, var_shape, m
     with pytest.raises(ValueError, match=match):
         ensemble.train(jax.random.key(0), model, np.zeros(5), np.zeros(y_shape), noise_var=np.ones(var_shape),
                        n_particles=2, opt=ensemble.optimizer("sgd", 1e-3), steps=1)
+
+
+def _line_search_problem():
+    model = models.mlp(3, (6,), "tanh")
+    x = jax.random.normal(jax.random.key(11), (24, 3))
+    y = jnp.sin(x @ jnp.array([1.0, -0.5, 0.3]))
+    opt = ensemble.optimizer("lbfgs", 0.5, linesearch="zoom")
+    state, pert = ensemble.init(jax.random.key(12), model, y, 0.1, 5, opt)
+    return model, x, jnp.asarray(0.1), opt, state, pert
+
+
+def test_ensemble_step_with_line_search_equals_the_vmapped_particle_step_with_fewer_evaluations():
+    """The ensemble step reads the line search's stored value and gradient once for all particles. Its
+    particles must be those of ``vmap`` over the single-particle step, including the first step (nothing
+    stored) and a particle whose stored value is not finite (recomputed alone); and it must run fewer model
+    evaluations (counted by a host callback in the model): after the first step the vmapped single-particle
+    step still evaluates every particle before its line search (its ``lax.cond`` became a ``select``)."""
+    model, x, nv, opt, state, pert = _line_search_problem()
+    calls = {"ref": [], "new": []}
+
+    def counted(name):
+        def apply(p, xx):
+            jax.debug.callback(lambda: calls[name].append(1))
+            return model.apply(p, xx)
+
+        return model._replace(apply=apply)
+
+    ref_step = jax.jit(jax.vmap(ensemble._particle_step(counted("ref"), opt), in_axes=(0, 0, 0, None, None)))
+    new_step = jax.jit(ensemble._ensemble_step(counted("new"), opt))
+    is_ls = lambda s: hasattr(s, "value") and hasattr(s, "grad")  # noqa: E731
+    spoil = lambda s: s._replace(value=s.value.at[2].set(jnp.nan)) if is_ls(s) else s  # noqa: E731
+    pa, sa, pb, sb = state.params, state.opt_state, state.params, state.opt_state
+    for t in range(8):
+        if t == 1:
+            jax.effects_barrier()
+            calls["ref"].clear()
+            calls["new"].clear()
+        if t == 4:  # spoil particle 2's stored value in both runs: it must be recomputed, the others kept
+            jax.effects_barrier()
+            counts = {k: len(v) for k, v in calls.items()}
+            sa = jax.tree.map(spoil, sa, is_leaf=is_ls)
+            sb = jax.tree.map(spoil, sb, is_leaf=is_ls)
+        pa, sa, va = ref_step(pa, sa, pert, x, nv)
+        pb, sb, vb = new_step(pb, sb, pert, x, nv)
+        np.testing.assert_allclose(np.asarray(vb), np.asarray(va), rtol=1e-12)
+        for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), strict=True):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-10, atol=1e-12)
+    assert np.all(np.isfinite(np.asarray(vb)))
+    assert 0 < counts["new"] < counts["ref"], counts
