@@ -16,6 +16,8 @@ export BOOTENS_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data/uci)
 # Bytecode is compiled at install time (this machine sets PYTHONDONTWRITEBYTECODE=1).
 export UV_COMPILE_BYTECODE := 1
 JOBS ?= 2
+# Each stage of `make test` prints "timing: <stage> <seconds> s" when it succeeds (.ci/run collects them).
+TIMED = s=$$(date +%s); $(1) && echo "timing: $@ $$(( $$(date +%s) - s )) s"
 
 .PHONY: help venv book test test-unit test-nbval test-browser browser-deps clean lock
 
@@ -34,20 +36,21 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/uv
 	$(BIN)/uv pip install --python $(BIN)/python -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $@
 
-venv: $(VENV)/.installed
+venv:
+	@$(call TIMED,$(MAKE) --no-print-directory $(VENV)/.installed)
 
 # MPLBACKEND is unset for the build: exported as Agg it reaches the notebook kernels, which then draw no
 # inline figures (plt.show() outputs nothing) and the chapters lose their images.
 book: venv
-	env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html
+	@$(call TIMED,env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html)
 
 test: venv test-unit book test-nbval test-browser
 
 test-unit: venv
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" tests
+	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" tests)
 
 test-nbval: venv
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book
+	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book)
 
 # The browser test needs Debian's chromium; as root we install it, otherwise say what to do.
 browser-deps:
@@ -58,7 +61,7 @@ browser-deps:
 	fi
 
 test-browser: venv browser-deps
-	$(BIN)/python -m pytest -m browser tests
+	@$(call TIMED,$(BIN)/python -m pytest -m browser tests)
 
 lock:
 	uv pip compile pyproject.toml --all-extras --python-version 3.11 \

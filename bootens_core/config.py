@@ -23,6 +23,7 @@ __all__ = [
     "UCIConfig",
     "ClassificationConfig",
     "BenchConfig",
+    "ProfileConfig",
     "UCI_DATASETS",
     "UCI_METHODS",
     "for_profile",
@@ -449,3 +450,47 @@ class BenchConfig:
     @classmethod
     def paper(cls) -> BenchConfig:
         return cls()
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Where the time of the whole goes (:mod:`bootens_core.profiling`, the performance chapter).
+
+    Each stage is called twice in one process: a UCI cell of each of ``uci_methods`` on ``uci_dataset``
+    (splits ``uci_splits``; the quick UCI configuration with ``uci_particles`` particles, ``uci_lbfgs_steps``
+    L-BFGS steps and SGHMC shortened to ``uci_sghmc_restarts`` x ``uci_sghmc_draws``, so that the profile stays
+    cheap; the σ² grid search is kept), NUTS and Metropolis-Hastings on a one-hidden-layer network of
+    ``mcmc_width`` units and ``mcmc_points`` points. The line-search comparison runs the L-BFGS (zoom) ensemble
+    step two ways on ``line_search_*``'s shape, ``repeats`` timed calls each.
+    """
+
+    seed: int = 0
+    uci_dataset: str = "boston"
+    uci_methods: tuple[str, ...] = ("ensemble-1", "sghmc-1")
+    uci_splits: tuple[int, ...] = (0, 1)
+    uci_particles: int = 10
+    uci_lbfgs_steps: int = 4
+    uci_sghmc_restarts: int = 2
+    uci_sghmc_draws: int = 5
+    mcmc_width: int = 10
+    mcmc_points: int = 30
+    mcmc_chains: int = 2
+    mcmc_warmup: int = 200
+    mcmc_draws: int = 200
+    mh_burn_in: int = 1000
+    mh_thin: int = 10
+    line_search_dataset: str = "boston"
+    line_search_rows: int = 0
+    line_search_layers: int = 1
+    line_search_particles: int = 50
+    line_search_steps: int = 20
+    repeats: int = 5
+
+    @classmethod
+    def quick(cls) -> ProfileConfig:
+        return cls()
+
+    @classmethod
+    def paper(cls) -> ProfileConfig:
+        return cls(uci_particles=200, uci_lbfgs_steps=32, uci_sghmc_restarts=10, uci_sghmc_draws=20,
+                   line_search_particles=200)

@@ -32,6 +32,7 @@ __all__ = [
     "theory_linear",
     "theory_conditions",
     "bench_throughput",
+    "profile_calls",
     "uci_splits",
     "uci_lbfgs",
     "classification_bands",
@@ -440,6 +441,31 @@ def bench_throughput(docs: dict[str, dict[str, Any]]) -> Figure:
         row[0].set_yscale("log")
         row[1].set_yscale("log")
     axes[0, 0].legend(frameon=False, fontsize=7, ncol=1)
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def profile_calls(doc: dict[str, Any]) -> Figure:
+    """The profile of the whole (:func:`bootens_core.profiling.measure`): for every stage, its first and second
+    call in one process, wall time split into compilation (tracing, lowering, XLA) and the rest; the number
+    of XLA compilations is written beside each bar."""
+    calls = doc["calls"]
+    if not calls:
+        raise ValueError("the profile has no calls to plot")
+    fig, ax = plt.subplots(figsize=(7.0, 0.42 * len(calls) + 0.9))
+    labels = [f"{c['stage']} — call {c['call']} ({c['detail']})" for c in calls]
+    pos = np.arange(len(calls))[::-1]
+    comp = np.array([c["compile_s"] for c in calls])
+    rest = np.array([c["compute_s"] for c in calls])
+    ax.barh(pos, comp, color=COLORS["paper"], label="compilation")
+    ax.barh(pos, rest, left=comp, color=COLORS["particles"], label="computation (the rest)")
+    for y, c in zip(pos, calls, strict=True):
+        ax.text(c["wall_s"], y, f"  {c['wall_s']:.1f} s, {c['compiles']} compiles", va="center", fontsize=7)
+    ax.set_yticks(pos, labels, fontsize=7)
+    ax.set_xlabel("wall time of the call (s)")
+    ax.set_xlim(0, 1.35 * max(c["wall_s"] for c in calls))
+    ax.legend(frameon=False, fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
 

@@ -23,6 +23,8 @@ __all__ = [
     "theory_verdicts",
     "bench_table",
     "bench_verdicts",
+    "profile_table",
+    "ci_timings_table",
     "UCI_TABLE1",
     "UCI_TABLES23",
     "UCI_PENDING",
@@ -467,3 +469,28 @@ def classification_buys(result: Any, other: str = "plain") -> Text:
                  for m, v in sub["bootstrap is"].items() if v != "no clear difference"]
         parts.append(f"{ds} ({n} splits): " + ("; ".join(found) if found else "no significant difference"))
     return Text(". ".join(parts) + ".")
+
+
+def profile_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """The calls of a profile (:func:`bootens_core.profiling.measure`): wall, compile and compute seconds and
+    the number of XLA compilations, per stage and call."""
+    rows = [{"stage": c["stage"], "call": c["call"], "on": c["detail"], "wall s": round(c["wall_s"], 2),
+             "compile s": round(c["compile_s"], 2), "compute s": round(c["compute_s"], 2),
+             "XLA compiles": c["compiles"]} for c in doc["calls"]]
+    return pd.DataFrame(rows).set_index(["stage", "call"])
+
+
+def ci_timings_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Committed CI timing records (``results/ci/<label>.json``: ``stages`` in seconds, ``total_s``,
+    ``machine``, ``commit``, ``date``), one column per record; an empty table when there are none."""
+    if not records:
+        return pd.DataFrame()
+    cols = {}
+    for label, rec in records.items():
+        col = {f"{name} (s)": round(float(sec)) for name, sec in rec["stages"].items()}
+        col["total (s)"] = round(float(rec["total_s"]))
+        col["machine"] = rec.get("machine", "")
+        col["commit"] = str(rec.get("commit", ""))[:10]
+        col["date"] = rec.get("date", "")
+        cols[label] = col
+    return pd.DataFrame(cols)
