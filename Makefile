@@ -16,6 +16,7 @@ export BOOTENS_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data/uci)
 # Bytecode is compiled at install time (this machine sets PYTHONDONTWRITEBYTECODE=1).
 export UV_COMPILE_BYTECODE := 1
 JOBS ?= 2
+comma := ,
 # Each stage of `make test` prints "timing: <stage> <seconds> s" when it succeeds (.ci/run collects them).
 TIMED = s=$$(date +%s); $(1) && echo "timing: $@ $$(( $$(date +%s) - s )) s"
 
@@ -64,7 +65,7 @@ test-browser: venv browser-deps
 	@$(call TIMED,$(BIN)/python -m pytest -m browser tests)
 
 lock:
-	uv pip compile pyproject.toml --all-extras --python-version 3.11 \
+	uv pip compile pyproject.toml $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 -o constraints.txt --no-header --no-annotate
 
 clean:
