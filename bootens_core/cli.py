@@ -1,14 +1,15 @@
 """The ``bootens`` command: list experiments and run them into a results folder.
 
     bootens list
-    bootens run univariate --profile quick --out results/
-    bootens run linear --profile paper --out results/ --force
+    bootens run univariate --profile quick               # -> bootens-out/univariate/
+    bootens run linear --profile paper --out runs/ --force
     bootens run uci --profile paper --datasets boston yacht --methods ensemble-1 gp --workers 2
     bootens run uci --profile paper --stored-only     # summarise the cells finished so far
-    bootens bench --quick --out results/bench         # particle throughput -> results/bench/bench.json
+    bootens bench --quick                             # particle throughput -> bootens-out/bench/bench.json
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
-summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes.
+summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes. Without ``--out``, results go
+to ``bootens-out/`` in the current folder, never beside the committed record under ``results/``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,30 @@ import json
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["main", "DEFAULT_OUT"]
+
+# Where `run` and `bench` write without --out: apart from results/, which holds the committed record.
+DEFAULT_OUT = "bootens-out"
+
+
+def _writable_dir(path: str) -> str | None:
+    """Create ``path`` (and parents) and check that a file can be written there; return a one-line reason
+    if not. Called before any computation, so a long run never ends in a traceback about its output."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    try:
+        if target.exists() and not target.is_dir():
+            return f"--out {path}: exists and is not a folder"
+        target.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".bootens-write-test-", dir=target)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"--out {path}: cannot write there ({exc.strerror or exc})"
+    return None
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -79,6 +103,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__})", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, **{name: value})
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
     key = jax.random.key(cfg.seed)
     try:
         if args.stored_only:
@@ -98,7 +126,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
     result.provenance["profile"] = config.profile(args.profile)
-    where = store.save(result, f"{args.out}/{mod.NAME}")
+    try:
+        where = store.save(result, f"{args.out}/{mod.NAME}")
+    except OSError as exc:
+        print(f"bootens: --out {args.out}: cannot write the result ({exc.strerror or exc})", file=sys.stderr)
+        return 2
     if not args.quiet:
         print(json.dumps(result.summary, indent=2, sort_keys=True, default=str))
     print(f"bootens: wrote {where}", file=sys.stderr)
@@ -123,6 +155,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, shard=True)
     if args.no_torch:
         cfg = dataclasses.replace(cfg, torch=False)
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
     try:
         doc = bench.measure(jax.random.key(cfg.seed), cfg, progress=not args.quiet)
     except ValueError as exc:
@@ -130,7 +166,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return 2
     doc["profile"] = "quick" if args.quick else config.profile(args.profile)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".bench.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
     tmp.replace(out / "bench.json")
@@ -154,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("experiment", help="experiment name (see `bootens list`)")
     p_run.add_argument("--profile", choices=["quick", "paper"], default=None,
                        help="settings profile (default: $BOOTENS_PROFILE or quick)")
-    p_run.add_argument("--out", default="results", help="results folder (default: results)")
+    p_run.add_argument("--out", default=DEFAULT_OUT,
+                       help=f"results folder (default: ./{DEFAULT_OUT}; results/ holds the committed record)")
     p_run.add_argument("--force", action="store_true", help="recompute even if a cached result exists")
     p_run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     p_run.add_argument("--quiet", action="store_true", help="no progress bars, no summary on stdout")
@@ -170,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--quick", action="store_true", help="the quick benchmark (under 2 minutes on 2 CPU cores)")
     p_bench.add_argument("--profile", choices=["quick", "paper"], default=None,
                          help="settings profile without --quick (default: $BOOTENS_PROFILE or quick)")
-    p_bench.add_argument("--out", default="results/bench", help="folder of bench.json (default: results/bench)")
+    p_bench.add_argument("--out", default=f"{DEFAULT_OUT}/bench",
+                         help=f"folder of bench.json (default: ./{DEFAULT_OUT}/bench)")
     p_bench.add_argument("--k", type=int, nargs="+", default=None, help="particle counts, e.g. 1 10 50 200 1000")
     p_bench.add_argument("--models", type=int, nargs="+", default=None, help="hidden layers of the networks (1 4)")
     p_bench.add_argument("--datasets", nargs="+", default=None, help="shapes of: boston kin8nm protein")

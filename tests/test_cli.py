@@ -124,3 +124,29 @@ def test_uci_stored_only_summarises_finished_cells(tmp_path, monkeypatch, capsys
 def test_stored_only_refused_for_other_experiments(tmp_path, capsys):
     assert cli.main(["run", "univariate", "--stored-only", "--quiet", "--out", str(tmp_path)]) == 2
     assert "--stored-only is for experiments stored cell by cell" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make_out", [
+    lambda p: p / "a-file",                 # --out names an existing file
+    lambda p: p / "a-file" / "under-it",    # --out cannot be created (its parent is a file)
+])
+@pytest.mark.parametrize("command", [["run", "univariate", "--quiet"], ["bench", "--quick", "--quiet"]])
+def test_unwritable_out_is_one_line_before_any_work(tmp_path, capsys, make_out, command):
+    (tmp_path / "a-file").write_text("not a folder")
+    out = make_out(tmp_path)
+    assert cli.main([*command, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"bootens: --out {out}:"), captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_default_out_is_not_beside_the_committed_record():
+    parser_default = cli.DEFAULT_OUT
+    assert not parser_default.startswith("results")
+    import subprocess
+    import sys
+
+    helptext = subprocess.run([sys.executable, "-m", "bootens_core.cli", "run", "--help"], capture_output=True,
+                              text=True, check=True).stdout
+    assert f"./{cli.DEFAULT_OUT}" in helptext and "committed record" in helptext
