@@ -151,3 +151,80 @@ def test_classification_verdict_rule():
     s = {"rhat_max": 1.3, "band_coverage_vs_mcmc": 0.79}
     assert str(report.classification_verdicts(s)["agreement"]) == "NOT reproduced"
     assert "NOT converged" in str(report.classification_verdicts(s)["reference"])
+
+
+# ------------------------------------------------------------------------------------------ verdict margins
+
+
+def test_verdict_is_text_with_evidence_and_margin():
+    v = report.Verdict("reproduced", "x = 1", 2.5)
+    assert str(v) == repr(v) == "reproduced" and v.evidence == "x = 1" and v.margin == 2.5
+    table = report.verdict_table({"a": v, "b": report.Verdict("NOT reproduced")}, {"a": "claim A"})
+    assert list(table.index) == ["claim A", "b"]
+    assert table.loc["claim A", "margin (noise units)"] == "2.5" and table.loc["b", "margin (noise units)"] == "—"
+
+
+def test_univariate_margin_is_the_closest_condition_in_mc_units():
+    sc = UNI_OK["mean_error_sd_mc_scale"]
+    # mean error 1 MC scale below its limit of 4; the sd ratio and the KS test are farther from theirs.
+    v = report.univariate_verdict({**UNI_OK, "mean_error_sd": 3 * sc})
+    assert str(v) == "reproduced" and v.margin == pytest.approx(1.0)
+    # A KS p-value at the normal tail 3.09 - 0.5 sd: the margin is in the p-value's z units.
+    from scipy import stats
+
+    p = stats.norm.sf(stats.norm.isf(1e-3) - 0.5)
+    v = report.univariate_verdict({**UNI_OK, "ks_pvalue": p})
+    assert str(v) == "reproduced" and v.margin == pytest.approx(0.5)
+    # Failing: the margin is how far the failing condition is beyond its limit.
+    v = report.univariate_verdict({**UNI_OK, "mean_error_sd": 6.5 * sc})
+    assert str(v) == "NOT reproduced" and v.margin == pytest.approx(2.5)
+
+
+def test_linear_margin_counts_both_comparisons():
+    from scipy import stats
+
+    # kl_final 6.1 against 6.0 + 3 * 0.25 = 6.75: 2.6 sd below; the paper setting is far above.
+    v = report.linear_verdicts(LIN)
+    assert v["kl"].margin == pytest.approx((6.75 - 6.1) / 0.25)
+    # |z| = 0.3 and 0.2 are 3.7 and 3.8 from their limit 4; the chi-square p = 0.5 (z = 0) is 3.09 from
+    # the z of its limit 0.001: the closest.
+    assert v["map"].margin == pytest.approx(stats.norm.isf(1e-3))
+    v = report.linear_verdicts({**LIN, "paper_setting_kl_final": 6.7})
+    assert str(v["kl"]) == "reproduced" and v["kl"].margin == pytest.approx(0.05 / 0.25)
+
+
+def test_theory_margins_in_z_units():
+    s = {"lemma1_z_paper_abs_max": 100.0, "lemma1_z_corrected_abs_max": 1.0,
+         "linear": {"max_z_vs_exact_kl_rate": 2.0, "theorem1_max_z_vs_exact_kl_rate": 50.0}}
+    v = report.theory_verdicts(s)
+    assert v["lemma1"].margin == pytest.approx(3.0)  # the corrected identity: 1 against 4
+    assert v["linear_rate"].margin == pytest.approx(2.0)
+    assert v["theorem1_linear"].margin == pytest.approx(45.0)
+    s["linear"]["theorem1_max_z_vs_exact_kl_rate"] = 4.6  # between the two thresholds: not settled
+    v = report.theory_verdicts(s)["theorem1_linear"]
+    assert str(v) == "not settled" and v.margin == pytest.approx(0.4)
+
+
+def test_toy_relu_rhat_margin_uses_the_iid_noise_scale():
+    s = {"kde_self_distance_sd": 0.1, "kde_self_distance_mean": 6.0, "kl_max_increase": 0.1, "rhat_max": 1.02,
+         "rhat_iid_q99": 1.06, "kl_final_vs_exact": 6.1}
+    v = report.toy_relu_verdicts(s)
+    assert v["rhat"].margin == pytest.approx(0.04 / (0.06 / 2.326))
+    assert v["kl"].margin == pytest.approx(1.0) and v["posterior"].margin == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fn, s", [
+    (report.toy_relu_verdicts, {"kde_self_distance_sd": 0.11, "kde_self_distance_mean": 6.9, "kl_max_increase": 1.0012,
+                                "rhat_max": 1.0234, "rhat_iid_q99": 1.0612, "kl_final_vs_exact": 12.94}),
+    (report.deep_relu_verdicts, {"rhat_max": 1.3097, "band_coverage": 0.964, "sd_ratio_median": 1.308}),
+    (report.classification_verdicts, {"rhat_max": 1.2345, "band_coverage_vs_mcmc": 0.353}),
+])
+def test_verdict_texts_carry_no_measured_number(fn, s):
+    """A checked notebook output prints the verdict text: a measured number there would move with rounding."""
+    import re
+
+    for name, v in fn(s).items():
+        measured = {f"{x:.{d}f}" for x in s.values() for d in (1, 2, 3) if x not in (1.1, 0.8)}
+        found = set(re.findall(r"\d+\.\d+", str(v))) & measured
+        assert not found, (name, str(v))
+        assert v.evidence, name  # ... the numbers are in the evidence instead

@@ -58,6 +58,8 @@ def test_uci_verdict_counts(summary):
     # boston ens-1: rmse within, mnll worse; yacht gp: rmse better, mnll failed; coverage is not counted
     assert str(v["agree"]) == "1 of 4"
     assert str(v["counts"]).startswith("1 of 4 RMSE/MNLL cells within the paper's ±1 std, 1 better, 1 worse, 1 failed")
+    # The checked form counts only what rounding cannot change: cells compared and cells that failed.
+    assert str(v["computed"]) == "4 RMSE/MNLL cells compared with the paper, 1 failed"
 
 
 def test_uci_coverage_pivot(summary):
