@@ -20,12 +20,13 @@ comma := ,
 # Each stage of `make test` prints "timing: <stage> <seconds> s" when it succeeds (.ci/run collects them).
 TIMED = s=$$(date +%s); $(1) && echo "timing: $@ $$(( $$(date +%s) - s )) s"
 
-.PHONY: help venv book test test-unit test-nbval test-browser browser-deps clean lock
+.PHONY: help venv book test test-unit test-nbval test-browser browser-deps clean lock isa-check
 
 help:
 	@echo "make book   - create .venv, install, build the whole book ($(BOOTENS_PROFILE) profile) into _build/html"
 	@echo "make test   - the whole suite: unit + statistical tests, nbval over book/*.ipynb, book build, rendered book in Chromium"
 	@echo "make lock   - regenerate constraints.txt from pyproject.toml"
+	@echo "make isa-check ISA=AVX - execute every chapter under XLA's AVX instruction set, compare with the committed outputs"
 	@echo "make clean  - remove _build and the result cache"
 
 $(BIN)/uv:
@@ -63,6 +64,12 @@ browser-deps:
 
 test-browser: venv browser-deps
 	@$(call TIMED,$(BIN)/python -m pytest -m browser tests)
+
+# What another CPU would print: every chapter executed with XLA capped to $(ISA), compared output by output
+# with the committed notebooks (report in _build/isa-$(ISA)/report.md; fails if a checked output differs).
+ISA ?= AVX
+isa-check: venv
+	@$(call TIMED,$(BIN)/python .ci/isa_check.py --isa $(ISA) --out _build/isa-$(ISA))
 
 lock:
 	uv pip compile pyproject.toml $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) --python-version 3.11 \
