@@ -34,6 +34,7 @@ __all__ = [
     "source_hash",
     "cache_dir",
     "cache_key",
+    "key_words",
     "save",
     "load",
     "load_record",
@@ -77,7 +78,8 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "bootens"
 
 
-def _key_data(key: Any) -> list[int]:
+def key_words(key: Any) -> list[int]:
+    """The words of a JAX PRNG key (typed or raw) as plain integers, for cache keys and manifests."""
     import jax
 
     try:
@@ -89,7 +91,7 @@ def _key_data(key: Any) -> list[int]:
 
 def cache_key(name: str, cfg: Any, key: Any) -> str:
     """Hex digest identifying a result: experiment name, config, PRNG key and package source."""
-    payload = {"name": name, "config": _jsonable(as_dict(cfg)), "key": _key_data(key), "source": source_hash()}
+    payload = {"name": name, "config": _jsonable(as_dict(cfg)), "key": key_words(key), "source": source_hash()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 

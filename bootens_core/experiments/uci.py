@@ -25,6 +25,14 @@ Each cell is stored as soon as it finishes (see :class:`~bootens_core.harness.Ce
 keyed by the PRNG key and, per method family, by the settings, modules and code that change that family's
 numbers (:data:`_FAMILIES`); a rerun with the same settings resumes, and an edit to one method keeps the
 finished cells of the others.
+
+**A run that fits a short device window** (:func:`run_pending`; ``bootens run uci`` with ``--time-budget``,
+``--shard``, ``--pack``): the pending cells run in the order of :func:`priority` (ensembles first, 4 layers first, the large datasets
+first; then MC dropout and SGHMC; GP last), a cell starts only when its estimated seconds fit in the budget left
+(:class:`~bootens_core.cellpack.CellTimes` on :func:`cost_units`), ``--shard I/N`` takes every N-th cell of
+that order, GP cells are skipped where GPflow/TensorFlow are not installed, every computed cell carries its
+provenance and compile seconds, and the finished cells go into one pack file that :func:`fold` merges into a
+cell store at home.
 """
 
 from __future__ import annotations
@@ -36,16 +44,19 @@ import inspect
 import io
 import json
 import math
+import re
+import time
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import dropout, ensemble, harness, mcmc, models, store
+from .. import cellpack, dropout, ensemble, harness, mcmc, models, store
 from ..config import UCI_METHODS, UCIConfig, as_dict
 from ..data import uci
 from ..harness import Cell, Method, Prediction
@@ -67,6 +78,19 @@ __all__ = [
     "sghmc_step_study",
     "from_cells",
     "PAPER_METHODS",
+    "PRIORITY_METHODS",
+    "PRIORITY_DATASETS",
+    "TRAIN_SHAPES",
+    "GP_SKIPPED",
+    "priority",
+    "cost_units",
+    "gp_available",
+    "reference_times",
+    "PendingRun",
+    "run_pending",
+    "FoldReport",
+    "fold",
+    "cell_devices",
 ]
 
 NAME = "uci"
@@ -265,7 +289,7 @@ def _store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
     """The cell store of a run's key (the method families' folders inside keep the rest apart; the selection
     of datasets, methods and splits and the number of workers do not change a cell, so runs of subsets share
     cells)."""
-    blob = json.dumps({"key": store._key_data(key), "layout": 2}, sort_keys=True)
+    blob = json.dumps({"key": store.key_words(key), "layout": 2}, sort_keys=True)
     return store.cache_dir() / "uci-cells" / hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -295,8 +319,8 @@ def run(
 
         root = Path(tempfile.mkdtemp(prefix="bootens-uci-cells-"))
     cell_store = _CellStore(root, cfg)
-    records = harness.run_cells(all_cells, functools.partial(_compute_cell, key, cfg), cell_store,
-                                workers=cfg.workers, force=force, progress=progress)
+    compute = functools.partial(_timed_cell, key, cfg, _cell_provenance())
+    records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.workers, force=force, progress=progress)
     return _result(records, cfg, {**store.provenance(time.perf_counter() - start), "cell_store": str(root)})
 
 
@@ -567,3 +591,353 @@ def sghmc_step_study(
         })
     return {"dataset": dataset, "split": split, "noise_var_std_units": noise_var, "rows": rows,
             "settings": {k: v for k, v in dataclasses.asdict(cfg).items() if k.startswith("sghmc_")}}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A run that fits a short device window: priority order, cost units, budget, shards, packs and folding them.
+
+# The order of :func:`priority`: method ids first (the paper's ensembles, the 4-layer column first; then MC
+# dropout and SGHMC; GP last), then datasets, largest training set first, then splits.
+PRIORITY_METHODS = ("ensemble-4", "ensemble-1", "mcd-4", "mcd-1", "sghmc-1", "gp")
+PRIORITY_DATASETS = ("protein", "naval", "power", "kin8nm", "wine", "concrete", "energy", "boston", "yacht")
+# (training rows, inputs) of every split of each dataset (the splits of a dataset have equal sizes; a test
+# checks these against the files).
+TRAIN_SHAPES: dict[str, tuple[int, int]] = {
+    "boston": (455, 13), "concrete": (927, 8), "energy": (691, 8), "kin8nm": (7373, 8), "naval": (10741, 16),
+    "power": (8611, 4), "protein": (41157, 9), "wine": (1439, 11), "yacht": (277, 6),
+}
+# n_epochs.txt of Gal's protocol (MC dropout trains n_epochs x mcd_epochs_x epochs on every grid point; the
+# grid is 4 dropout rates x 3 precisions on every dataset).
+_MCD_EPOCHS = {name: (20 if name == "protein" else 40) for name in TRAIN_SHAPES}
+GP_SKIPPED = "GP cells skipped: GPflow/TensorFlow not installed"
+
+
+def priority(cell_list: Sequence[Cell]) -> list[Cell]:
+    """``cell_list`` in the order a short window runs it: by method id in :data:`PRIORITY_METHODS` order
+    (``ensemble-4``, ``ensemble-1``, ``mcd-4``, ``mcd-1``, ``sghmc-1``, ``gp``), then by dataset in
+    :data:`PRIORITY_DATASETS` order (Protein, Naval, Power, Kin8nm, then the rest by decreasing size), then by
+    split. Unknown ids or datasets go last, in their given order."""
+
+    def rank(order: tuple[str, ...], name: str) -> int:
+        return order.index(name) if name in order else len(order)
+
+    def key(c: Cell) -> tuple[int, int, int]:
+        return rank(PRIORITY_METHODS, c.method), rank(PRIORITY_DATASETS, c.dataset), c.split
+
+    return sorted(cell_list, key=key)
+
+
+def cost_units(method_id: str, dataset: str, cfg: UCIConfig) -> float:
+    """The size of a cell, the ``c`` by which :class:`~bootens_core.cellpack.CellTimes` scales a measured cell
+    time to another dataset or depth (only ratios within a method family matter).
+
+    ``ensemble`` (full-batch L-BFGS): training rows ``n`` x parameters ``P`` of the network
+    (``P = (d + 1) w + (L - 1)(w + 1) w + w + 1`` for ``L`` hidden layers of ``w`` units on ``d`` inputs);
+    ``mcd``: that x the protocol's epochs (20 on Protein, else 40; the grid has 12 points everywhere);
+    ``sghmc`` (minibatches): ``P`` x (gradient rows, ``restarts x (burn_in + thin x draws) x batch``, plus the
+    rows the kept draws predict, ``restarts x draws x 0.2 n``); ``gp``: ``n^3`` (exact GPR) or
+    ``n x n_inducing^2`` (SVGP datasets). The particles, steps and grids are the same for every cell of a run.
+    """
+    if dataset not in TRAIN_SHAPES:
+        raise ValueError(f"unknown UCI dataset {dataset!r}")
+    n, d = TRAIN_SHAPES[dataset]
+    family, _, layers = method_id.partition("-")
+    if family == "gp":
+        return float(n) * cfg.n_inducing**2 if dataset in cfg.svgp_datasets else float(n) ** 3
+    depth, w = max(int(layers or 1), 1), cfg.width
+    params = (d + 1) * w + (depth - 1) * (w + 1) * w + w + 1
+    if family == "sghmc":
+        steps = cfg.sghmc_restarts * (cfg.sghmc_burn_in + cfg.sghmc_thin * cfg.sghmc_draws)
+        predicted = cfg.sghmc_restarts * cfg.sghmc_draws * 0.2 * n
+        return float(params) * (steps * min(cfg.sghmc_batch_size, n) + predicted)
+    units = float(n) * params
+    return units * _MCD_EPOCHS[dataset] if family == "mcd" else units
+
+
+def gp_available() -> bool:
+    """Whether GPflow and TensorFlow can be imported (found without importing them)."""
+    import importlib.util
+
+    for name in ("tensorflow", "gpflow"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return True
+
+
+def reference_times(paths: Sequence[str | Path]) -> list[cellpack.Measurement]:
+    """Cell times measured elsewhere, as references for the estimates of :func:`run_pending`.
+
+    Each path is a record folder (its ``cells.csv``, with the device of its ``provenance.json``), a
+    ``cells.csv`` file (device unknown) or a cell pack (each cell's own provenance). A path that is none of
+    these is a one-line ``ValueError``.
+    """
+    out: list[cellpack.Measurement] = []
+    for path in map(Path, paths):
+        device = None
+        if path.is_dir():
+            table = path / "cells.csv"
+            if (path / "provenance.json").is_file():
+                try:
+                    record = json.loads((path / "provenance.json").read_text())
+                    device = (record.get("device") or {}).get("kind")
+                except (OSError, json.JSONDecodeError, AttributeError):
+                    device = None
+        elif path.name.endswith((".tar.gz", ".tgz")):
+            _, members = cellpack.read_pack(path)
+            out += [m for rec in members.values() if (m := cellpack.measurement(rec, own=False)) is not None]
+            continue
+        else:
+            table = path
+        if not table.is_file() or table.suffix != ".csv":
+            raise ValueError(f"--cell-times {path}: not a record folder with cells.csv, a cells.csv or a "
+                             "cell pack")
+        try:
+            rows = list(csv.DictReader(io.StringIO(table.read_text())))
+        except (OSError, csv.Error, UnicodeDecodeError) as exc:
+            raise ValueError(f"--cell-times {table}: unreadable ({exc})") from exc
+        if rows and not {"dataset", "method", "hidden_layers", "wall_s"} <= set(rows[0]):
+            raise ValueError(f"--cell-times {table}: not a cells.csv (needs dataset, method, hidden_layers, "
+                             "wall_s)")
+        out += [m for r in rows if (m := cellpack.measurement(r, own=False, device=device)) is not None]
+    return out
+
+
+def _cell_provenance() -> dict[str, Any]:
+    """What every cell computed in this process carries: device, versions, git commit, source hash, Python."""
+    prov = store.provenance()
+    return {k: prov[k] for k in ("device", "versions", "git_commit", "source_hash", "python", "machine")}
+
+
+def _timed_cell(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """:func:`_compute_cell` plus, beside the record's fields, ``compile_s`` / ``compiles`` (XLA compilations in
+    this cell's thread) and ``provenance`` (``prov`` + the cell's whole elapsed seconds, data loading included,
+    and when it finished)."""
+    start = time.perf_counter()
+    with cellpack.CompileTimer() as timer:
+        rec = _compute_cell(key, cfg, cell)
+    rec["compile_s"] = float(timer.seconds)
+    rec["compiles"] = int(timer.compiles)
+    rec["provenance"] = {**prov, "elapsed_s": time.perf_counter() - start,
+                         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return rec
+
+
+class PendingRun(NamedTuple):
+    """What :func:`run_pending` did.
+
+    ``ran``: cells computed and stored now (finishing order); ``remaining``: the shard's cells still not stored,
+    in priority order, each with its estimated seconds in a fresh process (compilation counted once per method
+    and dataset); ``failed``: cells that raised (one-line reason; they are in ``remaining`` too);
+    ``skipped``: cells not attempted here (GP without GPflow/TensorFlow); ``notes``: lines to show;
+    ``stored_before``: the shard's cells already stored; ``store_dir`` and ``pack`` (path or ``None``).
+    """
+
+    ran: list[Cell]
+    remaining: list[tuple[Cell, float]]
+    failed: list[tuple[Cell, str]]
+    skipped: list[Cell]
+    notes: list[str]
+    stored_before: list[Cell]
+    store_dir: Path
+    pack: Path | None
+
+
+def _rel(cell_store: harness.CellStore, cell: Cell) -> str:
+    return cell_store.path(cell).relative_to(cell_store.root).as_posix()
+
+
+def run_pending(
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    budget_s: float | None = None,
+    shard: tuple[int, int] = (0, 1),
+    references: Sequence[cellpack.Measurement] = (),
+    default_s: float = 600.0,
+    safety: float = 1.25,
+    pack: str | Path | None = None,
+    pack_all: bool = False,
+    force: bool = False,
+    progress: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    start: float | None = None,
+    compute: Callable[[Cell], dict[str, Any]] | None = None,
+    root: str | Path | None = None,
+) -> PendingRun:
+    """Run the cells of ``cfg`` not yet stored, in :func:`priority` order, within ``budget_s`` seconds.
+
+    - **Which cells**: the priority order of every cell of ``cfg``, then ``shard = (I, N)`` keeps the cells at
+      positions ``I mod N`` of it (:func:`~bootens_core.cellpack.shard`: independent of what is stored, so the N
+      shards cover every cell once), then the stored ones are passed over (all recomputed with ``force``). GP
+      cells are skipped, with the note :data:`GP_SKIPPED`, where GPflow/TensorFlow cannot be imported; they stay
+      remaining.
+    - **The budget** (seconds from ``start``, a ``clock()`` value; default now; ``None``: no budget): a cell
+      starts only when its estimate fits (:func:`~bootens_core.cellpack.admissible`, which counts the cells
+      still running with ``cfg.workers > 1``); one that does not fit is passed over for a later one that does.
+    - **Estimates** (:class:`~bootens_core.cellpack.CellTimes`, rule in its docstring, ``safety`` and
+      ``default_s`` as there): from the ``wall_s``/``compile_s`` of the configuration's stored cells (those of
+      this run join as they finish), else ``references`` (:func:`reference_times`), scaled between datasets and
+      depths of one method family by :func:`cost_units`; preferring measurements on this device.
+    - **Records**: each computed cell carries ``compile_s``, ``compiles`` and ``provenance`` (device, versions,
+      git commit, source hash, elapsed seconds) beside the usual fields, and is stored at once, atomically.
+    - **Pack** (``pack``: a ``.tar.gz`` path): rewritten after every finished cell (it exists from the start,
+      empty), with the cells computed now -- or every stored cell of ``cfg`` with ``pack_all`` -- under their
+      store-relative paths, and a ``pack.json`` manifest (config, family hashes, provenance, shard, budget,
+      what remains). A run cut off keeps a whole pack of what had finished.
+
+    ``compute`` replaces the cell computation (tests); ``root`` the cell store's folder.
+    """
+    t0 = clock() if start is None else float(start)
+    all_cells = priority(cells(cfg))
+    mine = cellpack.shard(all_cells, *shard)
+    root = Path(root) if root is not None else _store_dir(key, cfg)
+    cell_store = _CellStore(root, cfg)
+    prov = _cell_provenance()
+    times = cellpack.CellTimes(functools.partial(cost_units, cfg=cfg), device=str(prov["device"]["kind"]),
+                               default_s=default_s, safety=safety)
+    stored_all: set[Cell] = set()
+    for cell in all_cells:
+        rec = cell_store.get(cell)
+        if rec is not None:
+            stored_all.add(cell)
+            times.add_all([cellpack.measurement(rec, own=True)])
+    times.add_all(cellpack.Measurement(*m[:5], own=False) for m in references)
+    skipped = [] if gp_available() else [c for c in mine if c.method == "gp"]
+    notes = [GP_SKIPPED] if skipped else []
+    runnable = [c for c in mine if c not in set(skipped)]
+    ran: list[Cell] = []
+    pack_path = None if pack is None else Path(pack)
+
+    def write(remaining: list[str] | None = None) -> None:
+        if pack_path is None:
+            return
+        chosen = [c for c in all_cells if c in stored_all] if pack_all else ran
+        files = {_rel(cell_store, c): cell_store.path(c).read_bytes() for c in chosen}
+        manifest = {
+            "format": cellpack.PACK_FORMAT, "experiment": NAME, "config": as_dict(cfg),
+            "family_hashes": dict(cell_store._hash), "key": store.key_words(key), "provenance": prov,
+            "shard": f"{shard[0]}/{shard[1]}", "budget_s": budget_s, "pack_all": pack_all,
+            "cells": [{"path": _rel(cell_store, c), "label": c.label} for c in chosen],
+            "ran_now": len(ran), "remaining": remaining,
+            "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        cellpack.write_pack(pack_path, files, manifest)
+
+    def on_finish(cell: Cell, rec: dict[str, Any]) -> None:
+        ran.append(cell)
+        stored_all.add(cell)
+        times.add_all([cellpack.measurement(rec, own=True, device=times.device)])
+        times.warm(cell.method, cell.dataset)
+        write()
+
+    write()
+    outcome = cellpack.run_budgeted(
+        runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
+        estimate=times.estimate, budget_s=budget_s, workers=cfg.workers, clock=clock, start=t0, on_finish=on_finish, force=force,
+        progress=progress,
+    )
+    left = set(outcome.remaining) | set(skipped)
+    remaining, seen = [], set()
+    for cell in mine:
+        if cell in left:
+            remaining.append((cell, times.estimate(cell, warm=(cell.method, cell.dataset) in seen)))
+            seen.add((cell.method, cell.dataset))
+    write([c.label for c, _ in remaining])
+    return PendingRun(ran, remaining, outcome.failed, skipped, notes, outcome.stored, root, pack_path)
+
+
+# A packed cell file: <dataset>/<method id>-<family hash>/split-<k>.json (the layout of _CellStore).
+_PACKED = re.compile(r"^(?P<dataset>[a-z0-9]+)/(?P<method>[a-z]+(?:-\d+)?)-(?P<hash>[0-9a-f]{12})/"
+                     r"split-(?P<split>\d+)\.json$")
+
+
+class FoldReport(NamedTuple):
+    """What :func:`fold` did: cells written into ``store_dir`` (``replaced`` of them were there already),
+    ``outside`` of them not cells of the configuration's selection (stored, but not in its summary), ``forced``
+    of them made with another family hash (taken because of ``force``), and ``packs`` read."""
+
+    store_dir: Path
+    written: int
+    replaced: int
+    outside: int
+    forced: int
+    packs: list[str]
+
+
+def fold(
+    packs: Sequence[str | Path],
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    force: bool = False,
+    root: str | Path | None = None,
+) -> FoldReport:
+    """Merge the cells of pack files (:func:`run_pending`'s ``pack``) into the cell store of ``key`` and ``cfg``
+    (``root``: another store folder), computing nothing; :func:`from_cells` then assembles the record.
+
+    A packed cell's folder names its method family's hash (settings + code, :func:`_family_hash`). Cells whose
+    hash is not the one this configuration and this code give are refused -- nothing is written, one-line
+    ``ValueError`` -- unless ``force``, which stores them under the current hash. A later pack's cell replaces
+    an earlier one's and a stored one. A malformed pack or cell is a one-line ``ValueError``.
+    """
+    root = Path(root) if root is not None else _store_dir(key, cfg)
+    cell_store = _CellStore(root, cfg)
+    wanted = set(cells(cfg))
+    staged: dict[Cell, dict[str, Any]] = {}
+    forced: set[Cell] = set()
+    mismatch: dict[tuple[str, str, str], int] = {}
+    for p in map(Path, packs):
+        manifest, members = cellpack.read_pack(p)
+        if manifest.get("experiment") != NAME:
+            raise ValueError(f"cell pack {p} holds cells of {manifest.get('experiment')!r}, not of {NAME}")
+        for rel, rec in sorted(members.items()):
+            m = _PACKED.match(rel)
+            if m is None or m["dataset"] not in uci.DATASETS or m["method"] not in UCI_METHODS:
+                raise ValueError(f"cell pack {p}: {rel!r} is not a UCI cell file <dataset>/<method id>-<hash>/"
+                                 "split-<k>.json")
+            cell = Cell(m["dataset"], int(m["split"]), m["method"])
+            got = cellpack.measurement(rec)
+            if (not all(f in rec for f in harness.CELL_FIELDS) or got is None or got.method != cell.method
+                    or rec["dataset"] != cell.dataset or int(rec["split"]) != cell.split):
+                raise ValueError(f"cell pack {p}: {rel} is not a complete record of {cell.label}")
+            family = cell.method.partition("-")[0]
+            if m["hash"] != cell_store._hash[family]:
+                mismatch[(p.name, family, m["hash"])] = mismatch.get((p.name, family, m["hash"]), 0) + 1
+                if not force:
+                    continue
+                forced.add(cell)
+            else:
+                forced.discard(cell)
+            staged[cell] = rec
+    if mismatch and not force:
+        (name, family, h), _ = next(iter(mismatch.items()))
+        raise ValueError(
+            f"{sum(mismatch.values())} packed cell(s) were made with other settings or code than this "
+            f"configuration, e.g. {name}: {family} cells of hash {h}, where this configuration and code give "
+            f"{cell_store._hash[family]} (fold at the commit and with the --profile/--set they were made with, "
+            "or --force to take them anyway); nothing was folded"
+        )
+    replaced = 0
+    for cell in priority(list(staged)):
+        replaced += cell_store.path(cell).is_file()
+        cell_store.put(cell, staged[cell])
+    return FoldReport(root, len(staged), replaced, sum(c not in wanted for c in staged), len(forced),
+                      [str(p) for p in packs])
+
+
+def cell_devices(directory: str | Path, cfg: UCIConfig) -> dict[str, int]:
+    """How many stored cells of ``cfg`` in the cell store ``directory`` were made on each device kind (the
+    ``provenance`` of their records; ``"not recorded"`` for cells made before records carried it)."""
+    counts: dict[str, int] = {}
+    cell_store = _CellStore(directory, cfg)
+    for cell in cells(cfg):
+        rec = cell_store.get(cell)
+        if rec is not None:
+            prov = rec.get("provenance")
+            kind = (prov.get("device") or {}).get("kind") if isinstance(prov, dict) else None
+            kind = kind or "not recorded"
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))
