@@ -115,15 +115,19 @@ def _configure(mod, args: argparse.Namespace):
     return cfg
 
 
-def _stored_result(mod, root, cfg):
+def _stored_result(mod, root, cfg, kept=()):
     """The result of the cells finished in the cell store ``root`` (what ``--stored-only`` writes): the summary
-    lists the missing ones and the wall time is the cells' own; ``cell_devices`` counts the cells per device."""
+    lists the missing ones and the wall time is the cells' own; ``cell_devices`` counts the cells per device.
+    ``kept``: an earlier record's rows standing for cells not in the store (counted as "earlier record")."""
     from . import store
 
-    result = mod.from_cells(root, cfg, store.provenance())
+    result = mod.from_cells(root, cfg, store.provenance(), kept)
     result.provenance["wall_time_s"] = result.summary["wall_s_cells_total"]
     result.provenance["assembled_from_stored_cells"] = True
-    result.provenance["cell_devices"] = mod.cell_devices(root, cfg)
+    devices = mod.cell_devices(root, cfg)
+    if result.summary.get("cells_kept"):
+        devices["earlier record"] = result.summary["cells_kept"]
+    result.provenance["cell_devices"] = devices
     return result
 
 
@@ -281,9 +285,26 @@ def _cmd_fold(args: argparse.Namespace) -> int:
         print(f"bootens: {problem}", file=sys.stderr)
         return 2
     key = jax.random.key(cfg.seed)
+    from pathlib import Path
+
+    # The record's own cells stay in it (the cell files it was assembled from are usually not at hand): a
+    # packed cell replaces the row of the same cell. Only when the record was made with these settings.
+    old_config, kept, previous = Path(args.into) / "config.json", [], None
+    if old_config.is_file() and (Path(args.into) / "cells.csv").is_file():
+        try:
+            previous = json.loads(old_config.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"bootens: {old_config}: unreadable ({exc}); give another --into or remove it", file=sys.stderr)
+            return 2
+    now = json.loads(json.dumps(config.as_dict(cfg), default=str))
+    changed = [] if previous is None else sorted(
+        k for k in set(previous) | set(now) if k not in ("workers", "datasets", "methods")
+        and previous.get(k) != now.get(k))
     try:
+        if previous is not None and not changed:
+            kept = mod.record_cells(args.into)
         report = mod.fold(args.packs, key, cfg, force=args.force, root=args.store)
-        result = _stored_result(mod, report.store_dir, cfg)
+        result = _stored_result(mod, report.store_dir, cfg, kept)
     except (ValueError, FileNotFoundError) as exc:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
@@ -291,19 +312,15 @@ def _cmd_fold(args: argparse.Namespace) -> int:
           f"({report.replaced} replaced a stored one, {report.outside} outside this selection"
           + (f", {report.forced} taken with another hash (--force)" if report.forced else "") + ")",
           file=sys.stderr)
-    from pathlib import Path
-
-    old_config = Path(args.into) / "config.json"
-    if old_config.is_file():
-        try:
-            before = json.loads(old_config.read_text())
-        except (OSError, json.JSONDecodeError):
-            before = {}
-        now = json.loads(json.dumps(result.config, default=str))
-        changed = sorted(k for k in set(before) | set(now) if k != "workers" and before.get(k) != now.get(k))
-        if changed:
-            print(f"bootens: note: the configuration differs from the one in {old_config} in "
-                  f"{', '.join(changed)}; the record is rewritten with this one", file=sys.stderr)
+    if changed:
+        print(f"bootens: note: the configuration differs from the one in {old_config} in "
+              f"{', '.join(changed)}; the record is rewritten with this one (its cells are not kept)",
+              file=sys.stderr)
+    elif kept:
+        dropped = len({mod.cell_of(r) for r in kept} - set(mod.cells(cfg)))
+        print(f"bootens: kept {result.summary['cells_kept']} cell(s) of the record in {args.into} that no pack "
+              "replaced" + (f"; dropped {dropped} outside --datasets/--methods" if dropped else ""),
+              file=sys.stderr)
     result.provenance["profile"] = config.profile(args.profile)
     result.provenance["folded_packs"] = [Path(p).name for p in args.packs]
     try:

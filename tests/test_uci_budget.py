@@ -434,3 +434,61 @@ def test_fold_rejects_a_file_that_is_not_a_pack(tmp_path, capsys):
     assert cli.main(["fold-cells", str(bad), "--quiet", "--into", str(tmp_path / "rec")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable" in err[0]
+
+
+def test_fold_keeps_the_records_own_cells(blocked_run, tmp_path, monkeypatch, capsys):
+    # A record extended by a pack on a machine that has none of the record's cell files: its rows stay.
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-1"))
+    into = tmp_path / "rec"
+    argv = ["fold-cells", str(blocked_run["pack"]), *TINY, "--quiet", "--into", str(into)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    gp_row = _fake_record(Cell("yacht", 0, "gp"), 1.5)
+    gp_row.update(test_rmse=0.75, test_mnll=1.25)
+    table = into / "cells.csv"
+    table.write_text(table.read_text() + uci.cells_csv([gp_row]).splitlines()[1] + "\n")
+    rows = uci.record_cells(into)
+    assert [uci.cell_of(r) for r in rows][-1] == Cell("yacht", 0, "gp") and rows[-1]["test_mnll"] == 1.25
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-2"))  # another machine, empty store
+    assert cli.main(argv) == 0
+    assert "kept 1 cell(s) of the record" in capsys.readouterr().err
+    summary = json.loads((into / "summary.json").read_text())
+    assert summary["n_cells"] == 4 and summary["cells_missing"] == [] and summary["cells_kept"] == 1
+    gp = [r for r in summary["rows"] if r["method"] == "gp" and r["metric"] == "rmse"]
+    assert gp[0]["mean"] == 0.75
+    prov = json.loads((into / "provenance.json").read_text())
+    assert prov["cell_devices"] == {DEVICE: 3, "earlier record": 1}
+    # A record made with other settings is rewritten, not extended.
+    old = json.loads((into / "config.json").read_text())
+    (into / "config.json").write_text(json.dumps({**old, "n_particles": 7}))
+    assert cli.main(argv) == 0
+    assert "differs from the one in" in capsys.readouterr().err
+    assert json.loads((into / "summary.json").read_text())["n_cells"] == 3
+
+
+def test_record_cells_rejects_a_table_that_is_not_cells_csv(tmp_path):
+    (tmp_path / "cells.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a cells.csv"):
+        uci.record_cells(tmp_path)
+    with pytest.raises(ValueError, match="cannot read"):
+        uci.record_cells(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("folder", ["uci", "uci-mcd-sghmc", "uci-fixed-step"])
+def test_committed_records_read_back_from_their_cells_csv(folder, tmp_path):
+    # What fold-cells keeps of a committed record gives back that record (cells.csv holds 6 significant
+    # digits, so the summary's means agree to that precision).
+    import dataclasses
+
+    rec = Path(__file__).resolve().parents[1] / "results" / "paper" / folder
+    stored = json.loads((rec / "config.json").read_text())
+    names = {f.name for f in dataclasses.fields(UCIConfig)}
+    cfg = UCIConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in names})
+    res = uci.from_cells(tmp_path, cfg, {}, uci.record_cells(rec))
+    assert res.files["cells.csv"] == (rec / "cells.csv").read_text()
+    old = json.loads((rec / "summary.json").read_text())
+    assert res.summary["cells_missing"] == old["cells_missing"] and res.summary["n_cells"] == old["n_cells"]
+    for a, b in zip(old["rows"], res.summary["rows"], strict=True):
+        assert (a["dataset"], a["method"], a["metric"], a["verdict"]) == (b["dataset"], b["method"], b["metric"],
+                                                                          b["verdict"])
+        assert b["mean"] == pytest.approx(a["mean"], rel=1e-5, abs=1e-12)

@@ -91,6 +91,8 @@ __all__ = [
     "FoldReport",
     "fold",
     "cell_devices",
+    "cell_of",
+    "record_cells",
 ]
 
 NAME = "uci"
@@ -324,16 +326,27 @@ def run(
     return _result(records, cfg, {**store.provenance(time.perf_counter() - start), "cell_store": str(root)})
 
 
-def from_cells(directory: str | Path, cfg: UCIConfig, provenance: dict[str, Any]) -> store.Result:
+def from_cells(
+    directory: str | Path,
+    cfg: UCIConfig,
+    provenance: dict[str, Any],
+    kept: Sequence[dict[str, Any]] = (),
+) -> store.Result:
     """The result of the cells of ``cfg`` already finished in the cell store ``directory``, computing nothing.
 
     For assembling a record from cells computed elsewhere (e.g. a GPU run cut short): cells not in the store
     are left out and listed in ``summary["cells_missing"]``; ``provenance`` says where the cells were made.
+    ``kept``: rows of an earlier record (:func:`record_cells`) that stand for cells missing from the store (a
+    stored cell replaces the kept row of the same dataset, split and method); ``summary["cells_kept"]`` counts
+    those used.
     """
     cell_store = _CellStore(directory, cfg)
-    records, missing = [], []
+    by_cell = {cell_of(r): r for r in kept}
+    records, missing, n_kept = [], [], 0
     for cell in cells(cfg):
         rec = cell_store.get(cell)
+        if rec is None and cell in by_cell:
+            rec, n_kept = by_cell[cell], n_kept + 1
         if rec is None:
             missing.append(f"{cell.dataset}/{cell.method}/split-{cell.split}")
         else:
@@ -342,7 +355,47 @@ def from_cells(directory: str | Path, cfg: UCIConfig, provenance: dict[str, Any]
         raise FileNotFoundError(f"no finished cell of this configuration under {directory}")
     result = _result(records, cfg, {**provenance, "cell_store": str(directory)})
     result.summary["cells_missing"] = missing
+    result.summary["cells_kept"] = n_kept
     return result
+
+
+def cell_of(record: dict[str, Any]) -> Cell:
+    """The cell a record (a stored cell or a ``cells.csv`` row) belongs to: its method id is the method and, for
+    the networks, its depth (``ensemble`` with 4 hidden layers is ``ensemble-4``; GP is ``gp``)."""
+    family, layers = str(record["method"]), int(record["hidden_layers"])
+    method_id = family if family == "gp" else f"{family}-{layers}"
+    if method_id not in UCI_METHODS:
+        raise ValueError(f"a cell record of method {family!r} with {layers} hidden layers is no UCI method")
+    return Cell(str(record["dataset"]), int(record["split"]), method_id)
+
+
+_INT_FIELDS = ("split", "hidden_layers", "diverged_particles", "n_components")
+_FLOAT_FIELDS = ("noise_var", "noise_var_std_units", "test_rmse", "test_mnll", "coverage95", "wall_s")
+
+
+def record_cells(folder: str | Path) -> list[dict[str, Any]]:
+    """The cells of a committed record folder, read back from its ``cells.csv`` (one record per row with the
+    :data:`~bootens_core.harness.CELL_FIELDS`, numbers as numbers), so that a record can be extended by new
+    cells without the cell files it was assembled from (:func:`from_cells`' ``kept``). A missing or malformed
+    file is a one-line ``ValueError``."""
+    table = Path(folder) / "cells.csv"
+    try:
+        rows = list(csv.DictReader(io.StringIO(table.read_text())))
+    except (OSError, csv.Error, UnicodeDecodeError) as exc:
+        raise ValueError(f"{table}: cannot read the record's cells ({exc})") from exc
+    out = []
+    for i, row in enumerate(rows, start=2):
+        if set(harness.CELL_FIELDS) - set(row):
+            raise ValueError(f"{table}: not a cells.csv (needs the columns {', '.join(harness.CELL_FIELDS)})")
+        try:
+            rec: dict[str, Any] = dict(row)
+            rec.update({k: int(row[k]) for k in _INT_FIELDS})
+            rec.update({k: float(row[k]) for k in _FLOAT_FIELDS})
+            cell_of(rec)
+        except ValueError as exc:
+            raise ValueError(f"{table}, line {i}: {exc}") from exc
+        out.append(rec)
+    return out
 
 
 def _result(records: list[dict[str, Any]], cfg: UCIConfig, provenance: dict[str, Any]) -> store.Result:
