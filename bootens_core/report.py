@@ -38,6 +38,8 @@ __all__ = [
     "uci_noise_selection",
     "uci_sghmc_study",
     "uci_lbfgs_summary",
+    "UCI_SCALE_FIELDS",
+    "uci_paper_scale",
     "classification_verdicts",
     "classification_agreement",
     "classification_table",
@@ -453,6 +455,66 @@ def uci_sghmc_study(study: dict[str, Any]) -> pd.DataFrame:
         "predictive R-hat mean (max)": [f"{r['rhat_mean']:.2f} ({r['rhat_max']:.2f})" for r in rows],
         "wall s": [f"{r['wall_s']:.1f}" for r in rows],
     }, index=pd.Index([f"{r['step_size']:.3g}" for r in rows], name="step ε"))
+
+
+# What makes a cell "paper scale" beside every split being there: the settings of its method family that set
+# the amount of computation (particles, optimisation length, chain length, grid sizes) at the paper's values.
+UCI_SCALE_FIELDS: dict[str, tuple[str, ...]] = {
+    "ensemble": ("n_particles", "lbfgs_steps", "lbfgs_iters_per_step", "noise_grid", "val_fraction"),
+    "mcd": ("mcd_epochs_x", "mcd_samples"),
+    "sghmc": ("sghmc_restarts", "sghmc_draws", "sghmc_burn_in", "sghmc_thin", "noise_grid", "val_fraction"),
+    "gp": ("gp_max_iter", "n_inducing", "svgp_datasets"),
+}
+
+
+def uci_paper_scale(records: dict[str, Any]) -> tuple[pd.DataFrame, Text]:
+    """How many cells of the paper's Tables 2-3 exist at the paper's scale in the given records.
+
+    ``records``: label -> a stored UCI result (``summary`` and ``config``). A table cell (dataset x method
+    column x metric, RMSE or MNLL) exists when some record made with the paper's values of the fields
+    :data:`UCI_SCALE_FIELDS` names for that method holds every one of the dataset's splits (10, 5 on Protein).
+    Returns one row per method column (datasets complete, table cells, splits present at paper scale, and
+    which records hold them) and the overall count as text (e.g. "24 of 108 table cells").
+    """
+    from .config import UCIConfig, as_dict
+    from .data.uci import PAPER_SPLITS
+
+    paper = as_dict(UCIConfig.paper())
+    best: dict[tuple[str, int, str], tuple[int, str]] = {}
+    for label, rec in records.items():
+        cfg = rec.config
+        for r in rec.summary["rows"]:
+            if r["metric"] != "rmse":
+                continue
+            meth, layers, d = r["method"], int(r["hidden_layers"]), r["dataset"]
+            fields = UCI_SCALE_FIELDS.get(meth, ())
+            if any(_same(cfg.get(f)) != _same(paper[f]) for f in fields):
+                continue
+            k = (meth, layers, d)
+            if int(r["n_splits"]) > best.get(k, (0, ""))[0]:
+                best[k] = (int(r["n_splits"]), label)
+    rows, total = [], 0
+    datasets = list(PAPER_SPLITS)
+    for meth, layers in UCI_TABLES23:
+        done = [d for d in datasets if best.get((meth, layers, d), (0, ""))[0] >= PAPER_SPLITS[d]]
+        splits = sum(min(best.get((meth, layers, d), (0, ""))[0], PAPER_SPLITS[d]) for d in datasets)
+        where = sorted({best[(meth, layers, d)][1] for d in datasets if (meth, layers, d) in best})
+        total += 2 * len(done)
+        rows.append({
+            "method": _UCI_LABELS[(meth, layers)],
+            f"datasets complete (of {len(datasets)})": len(done),
+            f"table cells (of {2 * len(datasets)})": 2 * len(done),
+            f"splits at paper scale (of {sum(PAPER_SPLITS.values())})": splits,
+            "complete on": ", ".join(done) if done else "—",
+            "record": ", ".join(where) if where else "—",
+        })
+    n_all = 2 * len(datasets) * len(UCI_TABLES23)
+    return pd.DataFrame(rows).set_index("method"), Text(f"{total} of {n_all} table cells")
+
+
+def _same(value: Any) -> Any:
+    """Config values compared across JSON (lists) and dataclasses (tuples)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:

@@ -139,3 +139,50 @@ def test_uci_sghmc_study_table():
     assert list(t.index) == ["0.001", "0.0316"]
     assert t.loc["0.0316", "test RMSE"] == "2.31" and t.loc["0.0316", "diverged restarts"] == 1
     assert t.loc["0.001", "predictive R-hat mean (max)"] == "1.50 (2.25)"
+
+
+def _stored(records, cfg):
+    from types import SimpleNamespace
+
+    from bootens_core.config import as_dict
+
+    return SimpleNamespace(summary=uci.summarise(records, cfg), config=as_dict(cfg))
+
+
+def test_paper_scale_counts_complete_datasets_at_the_papers_settings():
+    paper = UCIConfig.paper()
+    full = _records({("yacht", "ensemble", 1): [(1.0, 1.0, 0.9)] * 10, ("boston", "ensemble", 1): [(1.0, 1.0, 0.9)] * 2,
+                     ("yacht", "gp", 0): [(1.0, 1.0, 0.9)] * 10, ("protein", "gp", 0): [(1.0, 1.0, 0.9)] * 5})
+    for r in full:
+        r["noise_var"] = 0.1
+    small = type(paper)(**{**paper.__dict__, "n_particles": 50})  # the ensemble's scale differs, GP's does not
+    recs = {"a": _stored(full, paper), "b": _stored(_records({("energy", "ensemble", 1): [(1, 1, 1)] * 10,
+                                                               ("energy", "gp", 0): [(1, 1, 1)] * 10}), small)}
+    table, count = report.uci_paper_scale(recs)
+    assert str(count) == "8 of 108 table cells"  # yacht ens-1, yacht/protein/energy GP; x RMSE and MNLL
+    row = table.loc["Ensemble 1-layer"]
+    assert row["datasets complete (of 9)"] == 1 and row["splits at paper scale (of 85)"] == 12
+    assert row["complete on"] == "yacht" and row["record"] == "a"
+    gp = table.loc["GP"]
+    assert gp["datasets complete (of 9)"] == 3 and gp["record"] == "a, b"
+    assert table.loc["Ensemble 4-layer", "table cells (of 18)"] == 0
+
+
+def test_paper_scale_of_the_committed_records():
+    # Counted independently from cells.csv: a (method, layers, dataset) is complete when all its splits are.
+    import csv
+    from pathlib import Path
+
+    from bootens_core import store
+    from bootens_core.data.uci import PAPER_SPLITS
+
+    root = Path(__file__).resolve().parents[1] / "results" / "paper"
+    done = 0
+    for name in ("uci", "uci-mcd-sghmc"):
+        splits: dict[tuple[str, str, str], int] = {}
+        for r in csv.DictReader(open(root / name / "cells.csv")):
+            k = (r["method"], r["hidden_layers"], r["dataset"])
+            splits[k] = splits.get(k, 0) + 1
+        done += 2 * sum(n == PAPER_SPLITS[k[2]] for k, n in splits.items())
+    _, count = report.uci_paper_scale({n: store.load(root / n) for n in ("uci", "uci-mcd-sghmc")})
+    assert str(count) == f"{done} of 108 table cells"
