@@ -26,6 +26,7 @@ __all__ = [
     "ProfileConfig",
     "UCI_DATASETS",
     "UCI_METHODS",
+    "UCI_LBFGS_LINESEARCHES",
     "for_profile",
     "as_dict",
 ]
@@ -270,6 +271,12 @@ UCI_DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "pro
 # Method ids of the UCI harness: "<method>-<hidden layers>" for networks, "gp" for the GP baseline. New ids
 # are appended: a method's position seeds its cells' keys.
 UCI_METHODS = ("ensemble-1", "ensemble-4", "gp", "mcd-1", "mcd-4", "sghmc-1")
+# The L-BFGS variants of the UCI ensembles (``UCIConfig.lbfgs_linesearch``): None -- optax's L-BFGS with a fixed
+# step, one iteration per step; "zoom" -- optax's L-BFGS with its zoom line search; "torch" --
+# torch.optim.LBFGS(lr) (fixed step; bootens_core.lbfgs.torch_lbfgs), one step = one outer step of up to
+# ``lbfgs_iters_per_step`` iterations, history ``lbfgs_memory``; "torch-strong-wolfe" -- the same with
+# line_search_fn="strong_wolfe" (at most 25 further evaluations per search, as PyTorch before 2.10).
+UCI_LBFGS_LINESEARCHES: tuple[str | None, ...] = (None, "zoom", "torch", "torch-strong-wolfe")
 
 
 @dataclass(frozen=True)
@@ -294,17 +301,24 @@ class UCIConfig:
     bias_var: float = 1.0
     # Deviation switch: weight prior N(0, weight_var / fan_in) instead of the paper's N(0, weight_var).
     scale_by_fan_in: bool = False
-    # "32 steps, step size 0.5": read as 32 steps of a PyTorch-style L-BFGS, each of
-    # ``lbfgs_iters_per_step`` iterations (torch.optim.LBFGS's default max_iter is 20) with a fixed step 0.5.
+    # "32 steps, step size 0.5": read as torch.optim.LBFGS(lr=0.5) stepped 32 times, each step of up to
+    # ``lbfgs_iters_per_step`` iterations (torch's default max_iter is 20): 640 iterations at most.
     # The literal reading, 32 iterations in all, is ``lbfgs_iters_per_step=1`` (kept runnable; it leaves the
     # particles far from any fit -- shown in the chapter).
     lbfgs_steps: int = 32
     lbfgs_iters_per_step: int = 20
     lbfgs_step_size: float = 0.5
+    # Curvature pairs kept: optax's memory_size, or torch's history_size for the "torch" variants (torch's
+    # default, 100, is the faithful value: the paper states none; ``faithful()`` sets it).
     lbfgs_memory: int = 10
-    # None: the paper's fixed step (faithful; diverges for many particles within 640 iterations -- the
-    # chapter shows the GPU run); "zoom" (every profile, a named deviation): optax's zoom line search
-    # (strong Wolfe) starting from the same step 0.5.
+    # Which L-BFGS (UCI_LBFGS_LINESEARCHES): "zoom" (every profile, a named deviation): optax's zoom line
+    # search (strong Wolfe) from the step 0.5, 640 iterations; None: optax's L-BFGS with the fixed step 0.5,
+    # 640 iterations (diverges for many particles -- the chapter shows the GPU run); "torch": the paper's
+    # optimizer as written, torch.optim.LBFGS(lr=0.5) stepped ``lbfgs_steps`` times (``faithful()``, history
+    # 100). It skips the pairs with y.s <= 1e-10 and so never steps uphill, yet its fixed step diverges too, more
+    # often than optax's (CPU, sigma^2 = 1e-4, 1 layer, splits 0-2: Yacht 12-14 and Energy 8-12 particles of 200
+    # per split, optax 0-2; PyTorch 2.13 itself, float64, 12 on Yacht split 0): the profiles keep "zoom";
+    # "torch-strong-wolfe": the same with torch's strong-Wolfe line search.
     lbfgs_linesearch: str | None = "zoom"
     dtype: str = "float32"
     noise_grid: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
@@ -338,6 +352,23 @@ class UCIConfig:
     # machine two cells at once take 0.59x the time of one after the other (4 Boston/Yacht ensemble cells).
     workers: int = 1
 
+    def __post_init__(self) -> None:
+        # The CLI's --set passes strings verbatim: "null"/"none" mean None (optax's fixed step).
+        if isinstance(self.lbfgs_linesearch, str) and self.lbfgs_linesearch.strip().lower() in ("null", "none"):
+            object.__setattr__(self, "lbfgs_linesearch", None)
+        if self.lbfgs_linesearch not in UCI_LBFGS_LINESEARCHES:
+            raise ValueError(
+                f"unknown lbfgs_linesearch {self.lbfgs_linesearch!r}: choose null (optax, fixed step), 'zoom' "
+                "(optax, zoom line search), 'torch' (torch.optim.LBFGS, fixed step) or 'torch-strong-wolfe'"
+            )
+        for name in ("lbfgs_steps", "lbfgs_iters_per_step", "lbfgs_memory"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        step = self.lbfgs_step_size
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not (0 < step < float("inf")):
+            raise ValueError(f"lbfgs_step_size must be a positive finite number, got {step!r}")
+
     @classmethod
     def quick(cls) -> UCIConfig:
         return cls(datasets=("boston", "yacht"), methods=("ensemble-1", "gp", "mcd-1", "mcd-4", "sghmc-1"),
@@ -349,7 +380,15 @@ class UCIConfig:
 
     @classmethod
     def faithful(cls) -> UCIConfig:
-        """The paper's settings with its fixed L-BFGS step (``--set lbfgs_linesearch=null`` on the CLI)."""
+        """The paper's settings with its optimizer as written: ``torch.optim.LBFGS(lr=0.5)`` with torch's
+        defaults (fixed step, ``max_iter=20``, ``history_size=100``) stepped 32 times (``--set
+        lbfgs_linesearch=torch --set lbfgs_memory=100`` on the CLI)."""
+        return cls(lbfgs_linesearch="torch", lbfgs_memory=100)
+
+    @classmethod
+    def optax_fixed_step(cls) -> UCIConfig:
+        """The paper's settings with optax's L-BFGS at the fixed step 0.5 for 640 iterations (memory 10; the
+        committed ``results/paper/uci-fixed-step`` record; ``--set lbfgs_linesearch=null`` on the CLI)."""
         return cls(lbfgs_linesearch=None)
 
 

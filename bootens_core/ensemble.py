@@ -60,11 +60,35 @@ __all__ = [
 
 
 class Optimizer(NamedTuple):
-    """An optax transformation that minimises ``-log p~``, and whether it needs the loss value."""
+    """An optax transformation that minimises ``-log p~``, and whether it needs the loss value.
+
+    ``iterations_per_step``: how many optimizer iterations one ``update`` -- one step of :func:`train` --
+    makes at most: 1 for every optax optimizer (one update = one iteration), ``max_iter`` for
+    ``"torch-lbfgs"`` (one update = one ``torch.optim.LBFGS.step(closure)``, an outer step of up to
+    ``max_iter`` iterations). :meth:`steps_for` turns an iteration budget into :func:`train`'s ``steps``.
+    """
 
     tx: optax.GradientTransformation
     needs_value: bool
     description: str
+    iterations_per_step: int = 1
+
+    def steps_for(self, iterations: int) -> int:
+        """The ``steps`` of :func:`train` that make ``iterations`` iterations: ``iterations / iterations_per_step``.
+
+        Raises ``ValueError`` unless ``iterations`` is a non-negative multiple of ``iterations_per_step``
+        (e.g. 640 iterations are 640 steps of optax's L-BFGS but 32 outer steps of ``torch-lbfgs`` with
+        ``max_iter=20``; 630 cannot be split into whole outer steps of 20).
+        """
+        per = int(self.iterations_per_step)
+        if isinstance(iterations, bool) or int(iterations) != iterations or iterations < 0:
+            raise ValueError(f"iterations must be a non-negative integer, got {iterations!r}")
+        if int(iterations) % per:
+            raise ValueError(
+                f"{int(iterations)} iterations are not a whole number of steps of {self.description}: one step "
+                f"makes up to {per} iterations"
+            )
+        return int(iterations) // per
 
 
 def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
@@ -72,10 +96,19 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
 
     Args:
         name: ``"sgd"`` (plain gradient ascent on ``log p~``, Algorithm 1 as written), ``"adagrad"``
-            (kwargs ``initial_accumulator_value`` (optax default 0.1), ``eps``), ``"adam"``, or ``"lbfgs"``
-            (kwargs ``memory_size`` (default 10) and ``linesearch``: ``None`` for fixed steps of size
-            ``learning_rate`` along the L-BFGS direction, or ``"zoom"`` for optax's zoom line search).
+            (kwargs ``initial_accumulator_value`` (optax default 0.1), ``eps``), ``"adam"``, ``"lbfgs"``
+            (optax's L-BFGS, one iteration per step; kwargs ``memory_size`` (default 10) and ``linesearch``:
+            ``None`` for fixed steps of size ``learning_rate`` along the L-BFGS direction, or ``"zoom"`` for
+            optax's zoom line search), or ``"torch-lbfgs"`` (``torch.optim.LBFGS(lr=learning_rate, ...)``,
+            :func:`bootens_core.lbfgs.torch_lbfgs`: **one step is one outer** ``.step(closure)`` of up to
+            ``max_iter`` iterations -- ``iterations_per_step = max_iter``; kwargs as torch's: ``max_iter``
+            (20), ``max_eval``, ``tolerance_grad``, ``tolerance_change``, ``history_size`` (100),
+            ``line_search_fn`` (``None``: fixed step; ``"strong_wolfe"``) and ``max_ls``).
         learning_rate: the step size ``h``.
+
+    Raises:
+        ValueError: for an unknown name or line search, or a bad learning rate or torch option;
+        TypeError: for an option the optimizer does not take.
     """
     lr = float(learning_rate)
     if not (lr > 0 and math.isfinite(lr)):
@@ -108,7 +141,22 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
             raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")
         # Only the line search reads the loss value (and caches value and gradient in the state).
         return Optimizer(tx, search is not None, desc)
-    raise ValueError(f"unknown optimizer {name!r}: choose sgd, adagrad, adam or lbfgs")
+    if name == "torch-lbfgs":
+        from .lbfgs import torch_lbfgs
+
+        names = ("max_iter", "max_eval", "tolerance_grad", "tolerance_change", "history_size", "line_search_fn",
+                 "max_ls")
+        opts = {k: kwargs.pop(k) for k in names if k in kwargs}
+        _no_extra(name, kwargs)
+        tx = torch_lbfgs(lr, **opts)  # validates the options (ValueError naming the bad one)
+        max_iter = int(opts.get("max_iter", 20))
+        history = int(opts.get("history_size", 100))
+        search = opts.get("line_search_fn")
+        how = "fixed step" if search is None else "strong Wolfe line search, initial step"
+        desc = (f"torch.optim.LBFGS (history {history}), {how} {lr:g}, up to {max_iter} iterations per step")
+        # Every step starts from a loss value and gradient; with strong Wolfe the state caches them.
+        return Optimizer(tx, True, desc, max_iter)
+    raise ValueError(f"unknown optimizer {name!r}: choose sgd, adagrad, adam, lbfgs or torch-lbfgs")
 
 
 def _no_extra(name: str, kwargs: dict[str, Any]) -> None:
@@ -285,7 +333,9 @@ def _ensemble_step(model: Model, opt: Optimizer):
     particle at every step and throws it away. Here the check is made once for the whole ensemble: while every
     particle's stored value is finite -- every step but the first, for a healthy ensemble -- nothing is
     evaluated; otherwise the gradients are computed and the stored ones kept where finite, as per particle.
-    The particles are the same; one gradient evaluation per step is saved.
+    The particles are the same; one gradient evaluation per step is saved. (``"torch-lbfgs"`` stores them
+    when its outer step already evaluated them at its end -- always with strong Wolfe, never after a full
+    fixed-step outer step -- and ``+inf`` otherwise.)
     """
     if not opt.needs_value:
         return jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
@@ -469,7 +519,9 @@ def train(
         noise_var: likelihood variance ``sigma^2``: scalar, one per point, or one per label.
         n_particles: ensemble size ``k``.
         opt: from :func:`optimizer`.
-        steps: number of optimizer steps.
+        steps: number of optimizer steps (``opt.update`` calls). One step is one iteration for the optax
+            optimizers but one outer step of up to ``opt.iterations_per_step`` iterations for
+            ``"torch-lbfgs"``: pass ``steps=opt.steps_for(iterations)`` to budget iterations.
         snapshot_steps: steps (0..steps) at which to keep a copy of all particles.
         record: a function of the particles (leading axis ``k``) evaluated before the first step and after
             every step on the device, e.g. a projection used for a KL curve.

@@ -98,10 +98,17 @@ def test_univariate_config_has_the_papers_particle_count():
     assert cfg.stages[0] == 0 and cfg.stages[-1] == cfg.steps
 
 
-def test_uci_profiles_use_the_line_search_and_faithful_keeps_the_fixed_step():
+def test_uci_profiles_use_the_line_search_and_faithful_is_torchs_lbfgs():
     from bootens_core.config import UCIConfig
 
     assert UCIConfig.paper().lbfgs_linesearch == "zoom" and UCIConfig.quick().lbfgs_linesearch == "zoom"
+    assert UCIConfig.paper().lbfgs_memory == 10
+    # "32 steps, step size 0.5": torch.optim.LBFGS(lr=0.5) with torch's defaults, stepped 32 times
     f = UCIConfig.faithful()
-    assert f.lbfgs_linesearch is None and f.lbfgs_step_size == 0.5 and f.lbfgs_steps * f.lbfgs_iters_per_step == 640
+    assert f.lbfgs_linesearch == "torch" and f.lbfgs_step_size == 0.5 and f.lbfgs_steps == 32
+    assert f.lbfgs_iters_per_step == 20 and f.lbfgs_memory == 100  # torch's max_iter and history_size
     assert f.n_particles == 200 and f.weight_var == f.bias_var == 1.0 and not f.scale_by_fan_in
+    # optax's fixed step: 640 iterations of optax.lbfgs(0.5, memory_size=10, linesearch=None)
+    o = UCIConfig.optax_fixed_step()
+    assert o.lbfgs_linesearch is None and o.lbfgs_memory == 10 and o.lbfgs_steps * o.lbfgs_iters_per_step == 640
+    assert dataclasses.replace(o, lbfgs_linesearch="zoom") == UCIConfig.paper()

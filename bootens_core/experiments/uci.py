@@ -151,19 +151,35 @@ def _mlp(in_dim: int, layers: int, width: int, weight_var: float, bias_var: floa
 
 
 @functools.cache
-def _lbfgs(step_size: float, memory: int, linesearch: str | None) -> ensemble.Optimizer:
-    return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
+def _lbfgs(step_size: float, memory: int, linesearch: str | None, iters_per_step: int) -> ensemble.Optimizer:
+    """The ensembles' L-BFGS for ``UCIConfig.lbfgs_linesearch`` (one object per setting: one compilation).
+
+    ``None``/``"zoom"``: optax's L-BFGS (memory ``memory``), one iteration per step. ``"torch"``/
+    ``"torch-strong-wolfe"``: ``torch.optim.LBFGS(lr=step_size, max_iter=iters_per_step,
+    history_size=memory)``, one outer step per step (its ``iterations_per_step`` is ``iters_per_step``); the
+    strong-Wolfe search allows 25 further evaluations (``max_ls=25``, PyTorch before 2.10, the paper's era).
+    """
+    if linesearch in (None, "zoom"):
+        return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
+    if linesearch == "torch":
+        return ensemble.optimizer("torch-lbfgs", step_size, max_iter=iters_per_step, history_size=memory)
+    if linesearch == "torch-strong-wolfe":
+        return ensemble.optimizer("torch-lbfgs", step_size, max_iter=iters_per_step, history_size=memory,
+                                  line_search_fn="strong_wolfe", max_ls=25)
+    raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}: choose null, 'zoom', 'torch' or 'torch-strong-wolfe'")
 
 
 def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
     model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-    opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch)
+    opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch, cfg.lbfgs_iters_per_step)
+    # lbfgs_steps x lbfgs_iters_per_step iterations: that many optax steps, or lbfgs_steps torch outer steps.
+    steps = opt.steps_for(cfg.lbfgs_steps * cfg.lbfgs_iters_per_step)
     dtype = jnp.dtype(cfg.dtype)
 
     def fit_ensemble(key, x, y, x_eval, noise_var):
         res = ensemble.train(
             key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
-            steps=cfg.lbfgs_steps * cfg.lbfgs_iters_per_step, dtype=dtype, on_diverged="report",
+            steps=steps, dtype=dtype, on_diverged="report",
         )
         f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
         ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
@@ -253,7 +269,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ensemble": (
         ("n_particles", "width", "weight_var", "bias_var", "scale_by_fan_in", "lbfgs_steps",
          "lbfgs_iters_per_step", "lbfgs_step_size", "lbfgs_memory", "lbfgs_linesearch", "dtype"),
-        ("ensemble.py", "models.py", "perturb.py"),
+        ("ensemble.py", "models.py", "perturb.py", "lbfgs.py"),
     ),
     "gp": (("gp_max_iter", "svgp_datasets", "n_inducing"), ("gp.py",)),
     "mcd": (("width", "mcd_epochs_x", "mcd_samples"), ("dropout.py",)),
@@ -508,6 +524,16 @@ def lbfgs_check(
     and ``-step * gamma_k * H_k g_k`` built from the same (s, y) pairs by scipy's ``LbfgsInvHessProduct``
     (which starts from the identity; scaling y by gamma_k and the product by gamma_k gives the gamma_k I
     start).
+
+    The paper's optimizer as written, ``torch.optim.LBFGS(lr=lbfgs_step_size, max_iter=m,
+    history_size=lbfgs_memory)`` with ``m = min(lbfgs_iters_per_step, steps)``, stepped ``steps // m`` times
+    (:func:`bootens_core.lbfgs.torch_lbfgs`): ``torch`` -- its loss at the start of every outer step,
+    ``torch_iters`` -- the iterations made before each of them (the x-axis of ``torch`` beside the others),
+    ``final["torch"]``; ``torch_pairs`` -- curvature pairs it built, stored and skipped (``y.s <= 1e-10``;
+    counted exactly only when ``lbfgs_memory > m``, else ``None``). Why optax's fixed step can climb:
+    ``fixed_uphill`` -- the fixed-step iterations whose update points uphill (``g.d >= 0``), and
+    ``fixed_negative_pairs`` -- the pairs with ``y.s <= 0`` that optax stored (torch would have skipped
+    them).
     """
     from scipy.optimize import LbfgsInvHessProduct, minimize
 
@@ -524,20 +550,22 @@ def lbfgs_check(
 
     from ..perturb import perturbed_log_joint
 
-    @jax.jit
-    def loss_grad(v):
-        return jax.value_and_grad(lambda w: -perturbed_log_joint(model, unravel(w), x, one, noise_var))(v)
+    def loss_flat(w):
+        return -perturbed_log_joint(model, unravel(w), x, one, noise_var)
+
+    loss_grad = jax.jit(jax.value_and_grad(loss_flat))
 
     # Fixed-step L-BFGS by hand on the flat vector, recording (s, y) pairs and updates.
     tx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
     tx_update = jax.jit(tx.update)
     v, st = theta0, tx.init(theta0)
-    fixed, rel_err, s_hist, y_hist, prev = [], [], [], [], None
+    fixed, rel_err, s_hist, y_hist, prev, uphill = [], [], [], [], None, 0
     for _ in range(steps):
         val, g = loss_grad(v)
         fixed.append(float(val))
         upd, st = tx_update(g, st, v)
         gn = np.asarray(g)
+        uphill += int(float(np.dot(gn, np.asarray(upd))) >= 0)
         if prev is None:
             ref = -cfg.lbfgs_step_size * min(1.0, 1.0 / np.linalg.norm(gn)) * gn
         else:
@@ -578,12 +606,43 @@ def lbfgs_check(
     res = minimize(fun, np.asarray(theta0), jac=True, method="L-BFGS-B",
                    options={"maxiter": steps, "maxcor": cfg.lbfgs_memory},
                    callback=lambda w: sp.append(fun(w)[0]))
+
+    # torch.optim.LBFGS(lr, max_iter=m, history_size=lbfgs_memory), stepped steps // m times.
+    from ..lbfgs import torch_lbfgs
+
+    m_iter = max(1, min(cfg.lbfgs_iters_per_step, steps))
+    ttx = torch_lbfgs(cfg.lbfgs_step_size, max_iter=m_iter, history_size=cfg.lbfgs_memory)
+
+    @jax.jit
+    def torch_step(w, s):
+        val, g = loss_grad(w)
+        upd, s = ttx.update(g, s, w, value=val, grad=g, value_fn=loss_flat)
+        return w + upd, s, val
+
+    vt, stt = theta0, ttx.init(theta0)
+    torch_curve, torch_iters, stored = [], [], 0
+    for _ in range(steps // m_iter):
+        before = (int(stt.hist_count), int(stt.hist_start))
+        torch_iters.append(int(stt.n_iter))
+        vt, stt, val = torch_step(vt, stt)
+        torch_curve.append(float(val))
+        stored += int(stt.hist_count) - before[0] + (int(stt.hist_start) - before[1]) % cfg.lbfgs_memory
+    built = max(int(stt.n_iter) - 1, 0)  # every iteration but the very first builds a pair
+    exact = cfg.lbfgs_memory > m_iter
+    neg_pairs = sum(int(float(np.dot(a, b)) <= 0) for a, b in zip(s_hist, y_hist))
     return {
         "fixed": np.asarray(fixed),
         "train": np.asarray(trained.loss[:, 0]),
         "zoom": np.asarray(zoom),
         "scipy": np.asarray([fun(np.asarray(theta0))[0], *sp]),
-        "final": {"fixed": float(loss_grad(v)[0]), "zoom": float(value_only(vz)), "scipy": float(res.fun)},
+        "torch": np.asarray(torch_curve),
+        "torch_iters": np.asarray(torch_iters),
+        "torch_pairs": {"built": built, "stored": stored if exact else None,
+                        "skipped": built - stored if exact else None},
+        "fixed_uphill": uphill,
+        "fixed_negative_pairs": neg_pairs,
+        "final": {"fixed": float(loss_grad(v)[0]), "zoom": float(value_only(vz)), "scipy": float(res.fun),
+                  "torch": float(loss_grad(vt)[0])},
         "scipy_nfev": int(res.nfev),
         "direction_rel_err": np.asarray(rel_err),
         "n_params": int(theta0.shape[0]),
