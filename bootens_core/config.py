@@ -105,6 +105,9 @@ class LinearConfig:
     paper_step_size: float = 0.01
     paper_steps: int = 400
     paper_stages: tuple[int, ...] = (0, 10, 50, 150, 400)
+    # If above paper_steps: the paper's Adagrad run once more from the same start, continued to this many
+    # steps, to see when (if ever) it reaches the self-distance; 0 skips it.
+    paper_steps_continued: int = 0
     # Deviation (named in the chapter): the nearest Adagrad setting that reaches the self-distance level.
     step_size: float = 0.1
     steps: int = 20_000
@@ -119,7 +122,32 @@ class LinearConfig:
     # which is also evaluated on a log grid of steps up to gd_max_steps.
     gd_steps: int = 6000
     gd_max_steps: int = 10_000_000
+    # Plain gradient ascent at the paper's step h = paper_step_size: its exact KL over this many steps.
+    paper_step_gd_steps: int = 5
     x_grid_points: int = 200
+    # Feature scaling: "none" is the paper's model f(x) = w^T cos(omega x - pi/4), whose prior functions have
+    # variance about D/2; "sqrt(2/D)" is the common random-feature scaling f(x) = sqrt(2/D) w^T cos(...),
+    # prior function variance about 1. The exact posterior (and the self-distance) is that of the model used.
+    feature_scale: str = "none"
+    FEATURE_SCALES = ("none", "sqrt(2/D)")  # a class attribute, not a field
+
+    def __post_init__(self) -> None:
+        if self.feature_scale not in self.FEATURE_SCALES:
+            raise ValueError(f"feature_scale must be one of {', '.join(self.FEATURE_SCALES)}, "
+                             f"got {self.feature_scale!r}")
+
+    @property
+    def feature_scale_value(self) -> float:
+        """The factor the features are multiplied by: 1, or sqrt(2 / n_features)."""
+        return 1.0 if self.feature_scale == "none" else (2.0 / self.n_features) ** 0.5
+
+    def scaled_features(self, continued: int = 2000) -> LinearConfig:
+        """These settings on the model with features times sqrt(2/D), for the question whether the paper's
+        Adagrad setting reaches the self-distance there. Its run is also continued to ``continued`` steps; the
+        h = step_size run and gradient ascent's particle run, which only show where the scaled model's KL can
+        go, are cut to ``paper_steps`` steps (the chapter shows that they get there)."""
+        return dataclasses.replace(self, feature_scale="sqrt(2/D)", steps=self.paper_steps, stages=self.paper_stages,
+                                   gd_steps=self.paper_steps, paper_steps_continued=continued)
 
     @classmethod
     def quick(cls) -> LinearConfig:
@@ -137,8 +165,13 @@ class ToyReluConfig:
     Paper: 24 synthetic points, prior N(0, 1) per weight, likelihood variance 0.05; MH with a N(0, 0.5)
     proposal, 10 restarts, burn-in 10000, one sample every 5000 (200 samples); 200 particles, 800 steps of
     Algorithm 1 with h = 0.05. The data are ours (the paper does not publish them): inputs on [-0.4, 0.4], where
-    plain gradient ascent with h = 0.05 is stable (h times the largest curvature is about 1.3 < 2); on a wider
+    plain gradient ascent with h = 0.05 is stable (h times the largest curvature is about 1.8 < 2); on a wider
     input range h = 0.05 diverges. Everything is cheap, so both profiles run the paper's scale.
+
+    Beyond the paper, the KL curve is measured with an estimator whose bias does not move with the particles'
+    spread: a histogram of ``kl_particles`` particles on fixed bins against the exact posterior mass of each
+    bin, at the paper's step and at ``small_step_size`` for the same time horizon, in ``kl_repeats``
+    independent ensembles (their spread is the Monte-Carlo noise).
     """
 
     seed: int = 0
@@ -158,11 +191,26 @@ class ToyReluConfig:
     step_size: float = 0.05
     steps: int = 800
     stages: tuple[int, ...] = (0, 800)
-    # KL(q_t || p) by KDE and numerical integration on a grid, every ``kl_every`` steps.
+    # The paper's estimator: KL(q_t || p) by KDE and numerical integration on a grid, every ``kl_every`` steps.
     kl_every: int = 4
     grid_half_width: float = 4.0
     grid_points: int = 161
     x_grid_points: int = 101
+    # The histogram estimator: bins of ``bin_width`` on [-bin_half_width, bin_half_width]^2 (0 is a bin edge),
+    # the exact posterior mass of each bin by ``bin_nodes`` x ``bin_nodes`` Gauss-Legendre nodes; the same
+    # estimate with half and twice the width as a check of the binning.
+    kl_particles: int = 10_000
+    kl_repeats: int = 10
+    small_step_size: float = 0.005  # run steps * step_size / small_step_size steps: the same time horizon
+    bin_width: float = 0.2
+    bin_half_width: float = 6.0
+    bin_nodes: int = 8
+    # Evaluated at every paper step up to ``kl_dense_steps`` (the same times at the small step), then every
+    # ``kl_every`` paper steps. Where h * curvature > 1 a particle overshoots its optimum and the overshoot
+    # decays by |1 - h * curvature| per step: the "late" statistics exclude the paper steps until the largest
+    # curvature's overshoot has decayed below ``overshoot_tolerance`` of its start (the same time at the small step).
+    kl_dense_steps: int = 40
+    overshoot_tolerance: float = 1e-3
 
     @classmethod
     def quick(cls) -> ToyReluConfig:
@@ -170,7 +218,7 @@ class ToyReluConfig:
 
     @classmethod
     def paper(cls) -> ToyReluConfig:
-        return cls(kl_every=1)
+        return cls(kl_every=1, kl_repeats=20)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,17 @@ LIN = {
     "map_cov_z": 0.3,
     "map_subspace_kl_z": -0.2,
     "map_mean_chi2_pvalue": 0.5,
+    "step_size": 0.1,
+    "steps": 20_000,
+}
+# The same experiment with features times sqrt(2/D): the paper's setting 7.3 against 6.0 + 3 * 0.25 = 6.75.
+LIN_SCALED = {
+    "feature_scale": "sqrt(2/D)",
+    "paper_setting_kl_final": 7.3,
+    "paper_setting_step_size": 0.01,
+    "paper_setting_steps": 400,
+    "self_distance_mean": 6.0,
+    "self_distance_sd": 0.25,
 }
 
 
@@ -76,21 +87,116 @@ LIN = {
 def test_linear_verdicts(change, kl, map_):
     v = report.linear_verdicts({**LIN, **change})
     assert str(v["kl"]) == kl and str(v["map"]) == map_
+    assert set(v) == {"kl", "map"}
+
+
+def test_linear_deviation_is_named_from_the_summary():
+    """The verdict names the deviation the summary ran, not a fixed text."""
+    v = report.linear_verdicts({**LIN, "step_size": 0.05, "steps": 2000})
+    assert str(v["kl"]) == "reproduced with a deviation (Adagrad h = 0.05, 2 000 steps)"
+
+
+def test_linear_scaled_verdict():
+    v = report.linear_verdicts(LIN, LIN_SCALED)["scaled"]
+    assert str(v) == "does not reach the self-distance in 400 steps"
+    assert v.margin == pytest.approx((7.3 - 6.75) / 0.25)
+    assert "7.300" in v.evidence and "6.750" in v.evidence and "h = 0.01" in v.evidence
+    assert not any(ch.isdigit() for ch in str(v).replace("400", ""))  # the text names no measured number
+    v = report.linear_verdicts(LIN, {**LIN_SCALED, "paper_setting_kl_final": 6.5, "paper_setting_steps": 300})
+    assert str(v["scaled"]) == "reaches the self-distance in 300 steps"
+    assert v["scaled"].margin == pytest.approx(1.0)
+    # The continued run, when there is one, goes to the evidence.
+    cont = {**LIN_SCALED, "paper_setting_continued_steps": 2000,
+            "paper_setting_continued_steps_to_self_distance_3sd": 665}
+    assert "within the limit from step 665" in report.linear_verdicts(LIN, cont)["scaled"].evidence
+    cont["paper_setting_continued_steps_to_self_distance_3sd"] = None
+    assert "continued to 2000 steps: never within it" in report.linear_verdicts(LIN, cont)["scaled"].evidence
+
+
+_TOY_KDE = {"kde_self_distance_sd": 0.1, "kde_self_distance_mean": 6.0, "kl_max_increase": 0.1, "rhat_max": 1.01,
+            "rhat_iid_q99": 1.05, "kl_final_vs_exact": 6.1}
 
 
 def _toy(**kw):
-    s = {"kde_self_distance_sd": 0.1, "kde_self_distance_mean": 6.0, "kl_max_increase": 0.1, "rhat_max": 1.01,
-         "rhat_iid_q99": 1.05, "kl_final_vs_exact": 6.1}
+    s = dict(_TOY_KDE)
     s.update(kw)
     return {k: str(v) for k, v in report.toy_relu_verdicts(s).items()}
 
 
+def _toy_hist(paper=None, small=None, **kw):
+    """A summary with the histogram study: by default a KL that falls and then stays flat at both steps."""
+    def step(h, **over):
+        st = {"step_size": h, "net_all": -15.0, "net_all_se": 0.04, "net_late": 0.0, "net_late_se": 0.001,
+              "rise_after_min": 0.0, "rise_after_min_se": 0.001, "kl_min_time": 0.3, "kl_final": 10.6,
+              "kl_final_se": 0.04}
+        st.update(over)
+        return st
+
+    h = {"repeats": 10, "particles": 10_000, "overshoot_time": 1.25, "bias_posterior": 0.004,
+         "bias_posterior_se": 0.0006, "paper_step": step(0.05, **(paper or {})),
+         "small_step": step(0.005, **(small or {}))}
+    h.update(kw)
+    return report.toy_relu_verdicts({**_TOY_KDE, "histogram": h})
+
+
 def test_toy_relu_verdicts_follow_their_rules():
     v = _toy()
-    assert v == {"kl": "reproduced", "rhat": "reproduced", "posterior": "the exact posterior"}
-    assert _toy(kl_max_increase=0.21)["kl"].startswith("NOT")  # a rise above 2 sd of the estimator
+    assert v == {"kl_kde": "reproduced", "rhat": "reproduced", "posterior": "the exact posterior"}
+    assert _toy(kl_max_increase=0.21)["kl_kde"].startswith("NOT")  # a rise above 2 sd of the estimator
     assert _toy(rhat_max=1.06)["rhat"].startswith("NOT")
     assert _toy(kl_final_vs_exact=6.3)["posterior"].startswith("NOT")
+
+
+def test_toy_relu_histogram_rule_decreasing_flat_increasing():
+    """Two-sided rule on difference / SE with limits ±4, per step size and window."""
+    v = _toy_hist()  # falls from step 0, flat afterwards, no rise after the minimum
+    assert str(v["kl"]) == "reproduced"
+    assert str(v["paper_step_all"]) == "falls beyond its noise" and str(v["small_step_all"]) == "falls beyond its noise"
+    assert str(v["paper_step_late"]) == "no change beyond its noise"
+    assert str(v["small_step_min"]) == "no rise after its minimum beyond its noise"
+    assert v["kl"].margin == pytest.approx(4.0)  # closest condition: t = 0 after the minimum, limit 4
+    assert v["paper_step_all"].margin == pytest.approx(15 / 0.04 - 4)
+
+    flat = _toy_hist(small={"net_all": 0.01, "net_all_se": 0.04})
+    assert str(flat["small_step_all"]) == "no change beyond its noise"
+    assert flat["small_step_all"].margin == pytest.approx(4 - 0.25)
+    assert str(flat["kl"]) == "NOT reproduced (the KL does not fall beyond its noise)"
+
+    up = _toy_hist(paper={"net_late": 0.05, "net_late_se": 0.01})
+    assert str(up["paper_step_late"]) == "rises beyond its noise" and up["paper_step_late"].margin == pytest.approx(1)
+
+    # Falls, then rises again after its minimum (t = 10): the paper's "strictly decreasing" does not hold.
+    dip = _toy_hist(small={"rise_after_min": 0.01, "rise_after_min_se": 0.001})
+    assert str(dip["small_step_min"]) == "rises again after its minimum, beyond its noise"
+    assert str(dip["kl"]) == "NOT reproduced (the KL falls, then rises again beyond its noise)"
+    assert dip["kl"].margin == pytest.approx(6.0)
+    assert str(dip["paper_step_min"]).startswith("no rise")
+    # A rise within the noise (t = 3) does not count.
+    assert str(_toy_hist(small={"rise_after_min": 0.003, "rise_after_min_se": 0.001})["kl"]) == "reproduced"
+
+
+def test_toy_relu_histogram_rule_without_noise():
+    """After convergence no particle changes bin: the difference is exactly 0 with SE 0 -- no change, and no
+    margin (there is no noise scale)."""
+    v = _toy_hist(small={"net_late": 0.0, "net_late_se": 0.0})
+    assert str(v["small_step_late"]) == "no change beyond its noise" and v["small_step_late"].margin is None
+
+
+def test_toy_relu_histogram_verdict_texts_carry_no_number():
+    import re
+
+    for vs in (_toy_hist(), _toy_hist(small={"rise_after_min": 0.0114, "rise_after_min_se": 0.0013},
+                                      paper={"net_late": 0.05, "net_late_se": 0.01})):
+        for v in vs.values():
+            assert not re.findall(r"\d", str(v)), str(v)
+            assert v.evidence
+
+
+def test_toy_relu_posterior_verdict_uses_the_histogram_floor():
+    v = _toy_hist()
+    assert str(v["posterior"]).startswith("NOT the exact posterior")
+    close = _toy_hist(paper={"kl_final": 0.005, "kl_final_se": 0.001})
+    assert str(close["posterior"]) == "the exact posterior"
 
 
 def test_deep_relu_verdicts_follow_their_rules():
@@ -210,7 +316,7 @@ def test_toy_relu_rhat_margin_uses_the_iid_noise_scale():
          "rhat_iid_q99": 1.06, "kl_final_vs_exact": 6.1}
     v = report.toy_relu_verdicts(s)
     assert v["rhat"].margin == pytest.approx(0.04 / (0.06 / 2.326))
-    assert v["kl"].margin == pytest.approx(1.0) and v["posterior"].margin == pytest.approx(1.0)
+    assert v["kl_kde"].margin == pytest.approx(1.0) and v["posterior"].margin == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("fn, s", [

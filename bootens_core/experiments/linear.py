@@ -3,6 +3,9 @@
 Adagrad particles (the paper's setting) against the exact posterior: predictive functions at stages, the KL
 curve against the self-distance, the exact KL curve of plain gradient ascent (the particle law stays
 Gaussian), and the Section 4.1 check that closed-form perturbed MAPs have the posterior's moments.
+
+``cfg.feature_scale = "sqrt(2/D)"`` runs all of it on the model with the common random-feature scaling
+``f(x) = sqrt(2/D) w^T cos(omega x - pi/4)``, against that model's own exact posterior.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .. import ensemble, linear, models, store
 from ..config import LinearConfig
 from ..data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "trig_model", "gradient_ascent_at"]
 
 NAME = "linear"
 DESCRIPTION = "Bayesian linear regression, 1024 trigonometric features: particles vs exact posterior, KL curve"
@@ -31,11 +34,38 @@ def run(
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 
+def trig_model(omega: np.ndarray, cfg: LinearConfig) -> models.Model:
+    """The trigonometric-feature model with frequencies ``omega``, its features scaled by
+    ``cfg.feature_scale_value`` (untouched for ``feature_scale = "none"``)."""
+    base = models.trig_features(jnp.asarray(omega), cfg.prior_var)
+    scale = cfg.feature_scale_value
+    if scale == 1.0:
+        return base
+    return models.linear_in_features(lambda x: scale * base.features(x), base.shapes["w"][0], cfg.prior_var,
+                                     name=f"{base.name}, features times {cfg.feature_scale}")
+
+
+def gradient_ascent_at(post: linear.LinearGaussian, step_size: float, n_steps: int) -> dict:
+    """Plain gradient ascent (Algorithm 1 as written) at ``step_size``, from its exact population law.
+
+    Returns the step it used (``step_size``, so that what is reported with these numbers is the step that
+    produced them), ``n_steps``, the largest eigenvalue of the posterior precision ``A`` (``lambda_max``),
+    the spectral radius ``max |1 - h lambda|`` of the iteration ``w <- w + h (b - A w)`` over all eigenvalues
+    of ``A`` (off the data subspace they are ``1 / alpha^2``): above 1 the iteration diverges; and the exact
+    ``KL(q_t || p)`` at steps ``0..n_steps`` (``kl``).
+    """
+    h = float(step_size)
+    eig = post.lam if post.D == post.lam.size else np.append(post.lam, 1 / post.prior_var)
+    kl = linear.gd_population_kl(post, linear.gd_population(post, h, np.arange(int(n_steps) + 1)))
+    return {"step_size": h, "n_steps": int(n_steps), "lambda_max": float(eig.max()),
+            "spectral_radius": float(np.max(np.abs(1 - h * eig))), "kl": kl}
+
+
 def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
     k_omega, k_data, k_ens, k_self, k_map, k_mapref, k_gd, k_show = jax.random.split(key, 8)
     omega = synthetic.trig_frequencies(k_omega, cfg.n_features, cfg.lengthscale)
     data = synthetic.trig_regression(k_data, cfg.n_data, cfg.noise_var)
-    model = models.trig_features(jnp.asarray(omega), cfg.prior_var)
+    model = trig_model(omega, cfg)
     Phi = np.asarray(model.features(jnp.asarray(data.x)))
     post = linear.posterior(Phi, data.y, cfg.noise_var, cfg.prior_var)
     r, k = post.V.shape[1], cfg.n_particles
@@ -55,6 +85,9 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
     _, res_paper, kl_paper = adagrad_run(k_paper, cfg.paper_step_size, cfg.paper_steps, cfg.paper_stages, "Adagrad, paper's h")
     # The paper does not state Adagrad's accumulator start: the same replicates with 0 (PyTorch's default).
     _, _, kl_paper_acc0 = adagrad_run(k_paper, cfg.paper_step_size, cfg.paper_steps, (), "Adagrad, accumulator 0", acc=0.0)
+    if cfg.paper_steps_continued > cfg.paper_steps:
+        _, _, kl_paper_long = adagrad_run(k_paper, cfg.paper_step_size, cfg.paper_steps_continued, (),
+                                          "Adagrad, paper's h, continued")
     opt, res, kl_curve = adagrad_run(k_dev, cfg.step_size, cfg.steps, cfg.stages, "Adagrad, deviation")
     w_star = linear.perturbed_map(post, Phi, np.asarray(res.perturbation.y), np.asarray(res.perturbation.anchor["w"]))
     w_final = np.asarray(res.params["w"])
@@ -67,12 +100,12 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
     selfd = linear.self_distance(k_self, post, k, cfg.n_selfdist_populations)
     selfd_expected = linear.expected_self_distance(r, k)
 
-    # --- Plain gradient ascent: exact population law, at the largest stable-and-fast step and at h = 0.01.
+    # --- Plain gradient ascent: exact population law, at the largest stable-and-fast step and at the paper's.
     lam_max = float(post.lam.max())
     h_gd = 1.0 / lam_max
     gd_steps = np.unique(np.concatenate([[0], np.round(np.logspace(0, np.log10(cfg.gd_max_steps), 300))])).astype(np.int64)
     gd_kl = linear.gd_population_kl(post, linear.gd_population(post, h_gd, gd_steps))
-    paper_h_kl = linear.gd_population_kl(post, linear.gd_population(post, cfg.step_size, np.arange(0, 6)))
+    paper_h = gradient_ascent_at(post, cfg.paper_step_size, cfg.paper_step_gd_steps)
     gd_emp = ensemble.train(
         k_gd, model, data.x, data.y, noise_var=cfg.noise_var, n_particles=k, opt=ensemble.optimizer("sgd", h_gd),
         steps=cfg.gd_steps, record=lambda p: klf(p["w"]), progress="gradient ascent" if progress else False,
@@ -135,6 +168,7 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
         "paper_setting_kl_final": float(kl_paper[-1]),
         "paper_setting_kl_final_accumulator_0": float(kl_paper_acc0[-1]),
         "paper_setting_kl_monotone_fraction": float(np.mean(np.diff(kl_paper) <= 0)),
+        "paper_setting_kl_final_in_self_distance_sd": float((kl_paper[-1] - selfd.mean()) / selfd.std(ddof=1)),
         "paper_setting_steps": cfg.paper_steps,
         "paper_setting_step_size": cfg.paper_step_size,
         "steps_to_self_distance_2sd": _first_below(kl_curve, selfd.mean() + 2 * selfd.std(ddof=1)),
@@ -151,8 +185,10 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
         "gd_empirical_kl_final": float(gd_emp_kl[-1]),
         "gd_exact_kl_final": float(gd_exact_same[-1]),
         "gd_steps": cfg.gd_steps,
-        "paper_step_gd_spectral_radius": float(abs(1 - cfg.step_size * lam_max)),
-        "paper_step_gd_kl_after_5_steps": float(paper_h_kl[-1]),
+        "paper_step_gd_step_size": paper_h["step_size"],
+        "paper_step_gd_steps": paper_h["n_steps"],
+        "paper_step_gd_spectral_radius": paper_h["spectral_radius"],
+        "paper_step_gd_kl_final": float(paper_h["kl"][-1]),
         "lambda_max": lam_max,
         "lambda_min_data": float(post.lam.min()),
         "map_n_samples": km,
@@ -172,7 +208,15 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
         "n_features": post.D,
         "steps": cfg.steps,
         "step_size": cfg.step_size,
+        "feature_scale": cfg.feature_scale,
+        "feature_scale_value": cfg.feature_scale_value,
+        "prior_function_sd": float(np.sqrt(np.mean(cfg.prior_var * np.sum(Phi_grid**2, axis=1)))),
     }
+    if cfg.paper_steps_continued > cfg.paper_steps:
+        summary["paper_setting_continued_steps"] = cfg.paper_steps_continued
+        for n_sd in (2, 3):
+            summary[f"paper_setting_continued_steps_to_self_distance_{n_sd}sd"] = _first_below(
+                kl_paper_long, selfd.mean() + n_sd * selfd.std(ddof=1))
     arrays = {
         "x": data.x,
         "y": data.y,
@@ -191,10 +235,12 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
         "gd_kl": gd_kl,
         "gd_empirical_kl": gd_emp_kl,
         "gd_exact_kl_same_steps": gd_exact_same,
-        "paper_step_gd_kl": paper_h_kl,
+        "paper_step_gd_kl": paper_h["kl"],
         "residual": residual,
         "map_ref_errors": ref_errs,
     }
+    if cfg.paper_steps_continued > cfg.paper_steps:
+        arrays["paper_kl_curve_continued"] = kl_paper_long
     return arrays, summary
 
 

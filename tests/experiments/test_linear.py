@@ -109,6 +109,29 @@ def test_paper_setting_is_reported_and_has_not_converged(result):
     assert f"{s['paper_setting_kl_final']:.3g}" in s["deviation"]
 
 
+def test_gradient_ascent_at_the_papers_step_is_labelled_with_it(result, post):
+    """The chapter's 'with the paper's h' paragraph prints ``paper_step_gd_step_size``: it must be the paper's
+    step, and the spectral radius and exact KL beside it must be those of that step (closed forms on the
+    posterior's eigenvalues; at this step the largest eigenvalue sets the radius)."""
+    s = result.summary
+    h, n = s["paper_step_gd_step_size"], s["paper_step_gd_steps"]
+    assert h == CFG.paper_step_size == s["paper_setting_step_size"] and n == CFG.paper_step_gd_steps
+    assert s["paper_step_gd_spectral_radius"] == pytest.approx(abs(1 - h * post.lam.max()), rel=1e-12)
+    assert s["paper_step_gd_spectral_radius"] > 1
+    law = linear.gd_population_kl(post, linear.gd_population(post, h, np.arange(n + 1)))
+    np.testing.assert_allclose(result["paper_step_gd_kl"], law, rtol=1e-10)
+    assert s["paper_step_gd_kl_final"] == pytest.approx(law[-1], rel=1e-10)
+    # Not the numbers of the deviation's step, which the chapter once printed under the paper's label.
+    assert s["paper_step_gd_spectral_radius"] != pytest.approx(abs(1 - CFG.step_size * post.lam.max()), rel=1e-3)
+
+
+def test_default_model_is_unscaled(result):
+    s = result.summary
+    assert s["feature_scale"] == "none" and s["feature_scale_value"] == 1.0
+    assert s["prior_function_sd"] == pytest.approx(np.sqrt(CFG.n_features / 2), rel=0.05)
+    assert "paper_setting_continued_steps" not in s and "paper_kl_curve_continued" not in result.arrays
+
+
 def test_section_41_map_samples(result):
     """Closed-form perturbed MAPs vs exact sampling: the covariance error within the exact-sampling spread
     (n = 20 repeats, t_19 at level 1e-4), and the chi-square test of the mean not rejected at 1e-3."""

@@ -1,4 +1,5 @@
-"""experiments.toy_relu (Figure 4): contract keys, the grid posterior's symmetry, quadrant bookkeeping."""
+"""experiments.toy_relu (Figure 4): contract keys, the grid posterior's symmetry, quadrant bookkeeping, the
+histogram study's bookkeeping (its estimator is tested against the truth in tests/test_toy_relu_kl.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from bootens_core import density, models
 from bootens_core.config import ToyReluConfig
 from bootens_core.experiments import toy_relu
 
-# Small but complete: a short MH, few KL evaluations, a coarse grid.
+# Small but complete: a short MH, few KL evaluations, a coarse grid, a small histogram study.
 CFG = dataclasses.replace(
     ToyReluConfig.quick(), mh_burn_in=500, mh_thin=50, mh_draws=20, mh_chains=4, steps=40, kl_every=10,
-    grid_points=61,
+    grid_points=61, kl_particles=2000, kl_repeats=3, kl_dense_steps=30,
 )
 CONTRACT = ("kl_monotone_fraction", "kl_final_vs_mh", "kl_final_vs_exact", "kl_mh_vs_exact", "rhat_max", "ess_min")
 
@@ -73,5 +74,40 @@ def test_figures_render(result):
     from bootens_core import plots
     from tests.test_plots import render
 
-    for fig in (plots.toy_relu(result), plots.toy_relu_kl(result)):
+    for fig in (plots.toy_relu(result), plots.toy_relu_kl(result), toy_relu.kl_figure(result)):
         assert render(fig).startswith(b"\x89PNG")
+
+
+def test_histogram_study_bookkeeping(result):
+    h = result.summary["histogram"]
+    t = result["hist_times"]
+    # The paper's step and the small step cover the same times; the excluded window is where an overshoot at
+    # the largest curvature decays below the tolerance.
+    assert t[-1] == pytest.approx(CFG.steps * CFG.step_size)
+    assert h["small_step"]["steps"] == CFG.steps * round(CFG.step_size / CFG.small_step_size)
+    hl = h["paper_step"]["h_curvature_max"]
+    assert hl > 1 > h["small_step"]["h_curvature_max"]
+    assert h["overshoot_steps"] == toy_relu.overshoot_steps(hl, CFG.overshoot_tolerance)
+    assert abs(1 - hl) ** h["overshoot_steps"] <= CFG.overshoot_tolerance
+    for lab in toy_relu.STEP_LABELS:
+        k = result[f"hist_kl_{lab}"]
+        assert k.shape == (CFG.kl_repeats, t.size) and np.all(np.isfinite(k))
+        st = h[lab]
+        assert st["net_all"] == pytest.approx(np.mean(k[:, -1] - k[:, 0]))
+        assert st["net_all"] < 0
+        # Nobody enters the same-sign quadrants, and the same-sign share only falls.
+        assert st["enter_fraction"] == 0 and st["returned"] == 0
+        s = result[f"same_sign_{lab}"]
+        assert np.all(np.diff(s, axis=1) <= 0)
+        assert s[:, -1].mean() == pytest.approx(st["same_sign_start"] * (1 - st["leave_fraction"]), rel=0.02)
+    # Both steps start from the same replicates: the same particles, the same KL at step 0.
+    np.testing.assert_array_equal(result["hist_kl_paper_step"][:, 0], result["hist_kl_small_step"][:, 0])
+    # The paper's step, overshooting along the diagonal, sends more same-sign particles across an axis.
+    assert h["paper_step"]["leave_fraction"] > h["small_step"]["leave_fraction"]
+    assert h["particles_outside"] == 0
+
+
+def test_tables(result):
+    kt, st = toy_relu.kl_table(result), toy_relu.same_sign_table(result)
+    assert kt.shape[1] == 2 and st.shape[1] == 3
+    assert "final - minimum (cross-fitted)" in kt.index
