@@ -18,6 +18,14 @@ TensorFlow and GPflow are imported lazily, by the first call of :func:`fit_predi
   runtime is not initialised yet (TF refuses thread settings after its first op);
 - makes float64 GPflow's default float (it already is; set explicitly, the checks below depend on it).
 
+Exact GPR costs O(n^3) per evaluation of the marginal likelihood, and TensorFlow's automatic gradient
+through the Cholesky factor costs ~15 times the factorisation itself (three n x n matrix products and a
+triangular solve with n right-hand sides): on 2 CPU cores one evaluation with its gradient takes ~75 CPU
+seconds at n = 7373 (Kin8nm), the objective alone ~5. For large ``n``, ``gradient="closed_form"`` computes
+the same gradient from the inverse kernel matrix (LAPACK ``dpotri``), ~4.7 times cheaper, and
+``warm_start_rows`` starts L-BFGS-B from hyper-parameters fitted on a random subset; both reach the plain
+fit's optimum (same objective, same stopping rule). See :func:`fit_predict`.
+
 Example::
 
     fit = gp.fit_predict(jax.random.key(0), split.x_train, split.y_train, split.x_test)
@@ -38,10 +46,13 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from scipy import linalg
 
-__all__ = ["METHODS", "GPFit", "fit_predict"]
+__all__ = ["METHODS", "GRADIENTS", "GPFit", "fit_predict"]
 
 METHODS = ("gpr", "svgp")
+# How exact GPR's L-BFGS-B gets the gradient of the log marginal likelihood (see fit_predict).
+GRADIENTS = ("autodiff", "closed_form")
 
 # Adam's learning rate for minibatch SVGP (GPflow's tutorials use 0.01 on standardised data).
 _ADAM_LEARNING_RATE = 0.01
@@ -54,6 +65,10 @@ class GPFit(NamedTuple):
     ``mean`` (n_test,) is the predictive mean of ``y`` (the latent mean) and ``var`` (n_test,) the
     predictive variance of ``y``: latent variance plus the fitted noise variance. ``objective`` is the final
     log marginal likelihood (``"gpr"``) or ELBO (``"svgp"``) in nats, summed over the training set.
+    ``n_iter``, ``n_eval`` and ``converged`` describe the optimisation on the full training set (iterations,
+    objective-and-gradient evaluations, and whether the optimiser's stopping rule was met); with a warm start
+    (``warm_start_rows > 0``: the hyper-parameters were first fitted on that many rows) ``warm_start_iter``
+    counts the iterations on the subset.
     """
 
     mean: np.ndarray
@@ -66,6 +81,9 @@ class GPFit(NamedTuple):
     converged: bool
     method: str
     description: str
+    n_eval: int = 0
+    warm_start_rows: int = 0
+    warm_start_iter: int = 0
 
 
 class _TF(NamedTuple):
@@ -148,6 +166,8 @@ def fit_predict(
     max_iter: int = 1000,
     init_noise_var: float = 0.1,
     minibatch: int | None = None,
+    gradient: str = "autodiff",
+    warm_start_rows: int | None = None,
 ) -> GPFit:
     """Fit a GP regression baseline by type-II maximum likelihood (or ELBO) and predict at ``x_test``.
 
@@ -160,8 +180,8 @@ def fit_predict(
         key: a JAX PRNG key (``jax.random.key``). ``"svgp"`` draws its initial inducing inputs from it:
             ``n_inducing`` distinct training inputs, chosen uniformly without replacement with
             ``jax.random.choice(..., replace=False)`` from the first half of ``jax.random.split(key)``; the
-            second half seeds the minibatch order if ``minibatch`` is given. ``"gpr"`` is deterministic and
-            ignores it.
+            second half seeds the minibatch order if ``minibatch`` is given. ``"gpr"`` uses it only for the
+            warm start's subset (see ``warm_start_rows``); without one it is deterministic.
         x_train: ``(n, d)`` training inputs, standardised by the caller.
         y_train: ``(n,)`` training labels, standardised by the caller.
         x_test: ``(m, d)`` test inputs, standardised with the training statistics.
@@ -178,13 +198,33 @@ def fit_predict(
         max_iter: L-BFGS-B's iteration limit (Adam's number of steps with ``minibatch``).
         init_noise_var: the initial noise variance.
         minibatch: ``"svgp"`` only: the minibatch size for Adam; ``None`` trains on the full batch.
+        gradient: ``"gpr"`` only: how L-BFGS-B gets the gradient of the log marginal likelihood (the
+            objective is GPflow's in both cases). ``"autodiff"`` (the default): TensorFlow's automatic
+            gradient through the Cholesky factorisation. ``"closed_form"``: the gradient with respect to the
+            kernel matrix is ``(alpha alpha^T - K^-1) / 2`` with ``alpha = K^-1 y`` (``K^-1`` by LAPACK
+            ``dpotri`` from TensorFlow's Cholesky factor), chained to the hyper-parameters by TensorFlow.
+            Equal up to round-off, so L-BFGS-B reaches the same optimum; one evaluation costs about a
+            Cholesky factorisation and an inverse instead of a factorisation, three ``n x n`` matrix
+            products and a triangular solve: 4.7 times fewer CPU seconds at ``n = 7373`` (16 instead of 75
+            on 2 cores). For ``n`` in the thousands; the default keeps earlier fits bit for bit.
+        warm_start_rows: ``"gpr"`` only. ``None`` (the default), or ``n <= warm_start_rows``: L-BFGS-B starts
+            from the initial values above. ``n > warm_start_rows``: it starts from the hyper-parameters
+            fitted first (from those initial values, with the same settings and ``gradient``) on
+            ``warm_start_rows`` distinct training rows drawn uniformly without replacement by
+            ``jax.random.choice(..., replace=False)`` from the first half of ``jax.random.split(key)``, and
+            then runs on all ``n`` rows to the plain fit's stopping rule (scipy's defaults, at most
+            ``max_iter`` iterations; not a truncated fit), so it reaches the same optimum. It saves
+            full-data iterations only where the subset's optimum is near the full one: on Kin8nm (2000 of
+            7373 rows) 9 instead of 14, on Power (2000 of 8611 rows, where the fitted lengthscale falls from
+            3.4 to 0.8 with the extra rows) none.
 
     Returns:
         A :class:`GPFit` with float64 numpy predictions in the units of ``y_train``.
 
     Raises:
         ValueError: bad shapes, non-finite values, unknown ``method``, ``n_inducing > n`` or other bad
-            settings.
+            settings (an unknown ``gradient``, ``warm_start_rows`` not ``None`` nor a positive integer, or
+            either of them given with ``"svgp"``).
         RuntimeError: the optimisation failed (a Cholesky factorisation failed, or the objective or the
             predictions are not finite).
     """
@@ -198,6 +238,18 @@ def fit_predict(
         raise ValueError(
             f"init_noise_var must be a finite number above {_NOISE_VAR_LOWER_BOUND:g}, got {init_noise_var!r}"
         )
+    if gradient not in GRADIENTS:
+        raise ValueError(f"unknown gradient {gradient!r}; known gradients: {', '.join(GRADIENTS)}")
+    if gradient != "autodiff" and method != "gpr":
+        raise ValueError(f"gradient={gradient!r} applies to method 'gpr' only (exact GP regression)")
+    if warm_start_rows is not None:
+        if method != "gpr":
+            raise ValueError("warm_start_rows applies to method 'gpr' only (exact GP regression)")
+        if isinstance(warm_start_rows, bool) or not isinstance(warm_start_rows, (int, np.integer)) or (
+            warm_start_rows < 1
+        ):
+            raise ValueError(f"warm_start_rows must be None or a positive integer, got {warm_start_rows!r}")
+        warm_start_rows = int(warm_start_rows)
     if method == "gpr":
         if minibatch is not None:
             raise ValueError("minibatch applies to method 'svgp' only (exact GP regression is full-batch)")
@@ -220,18 +272,39 @@ def fit_predict(
     )
     data = (x_train, y_train[:, None])
     what = f"{method} on n={n} training points (d={d})"
+    warm = (0, 0)  # (warm_start_rows, warm_start_iter) of GPFit
     try:
         if method == "gpr":
-            model = gpflow.models.GPR(data, kernel=kernel, likelihood=likelihood)
-            n_iter, converged = _scipy_minimize(
-                gpflow, model.training_loss, model.trainable_variables, max_iter
-            )
-            objective = float(model.log_marginal_likelihood().numpy())
+
+            def loss(m: Any) -> Any:
+                if gradient == "autodiff":
+                    return m.training_loss
+                return _gpr_loss_closed_form_gradient(tf, gpflow, m)
+
             description = (
                 f"exact GP regression (GPflow {gpflow.__version__} GPR), isotropic squared-exponential "
                 f"kernel, hyper-parameters by maximising the log marginal likelihood (scipy L-BFGS-B, at "
                 f"most {max_iter} iterations)"
             )
+            if warm_start_rows is not None and n > warm_start_rows:
+                subset_key, _ = jax.random.split(key)
+                rows = jax.random.choice(subset_key, n, (warm_start_rows,), replace=False)
+                rows = np.sort(np.asarray(rows))
+                # The subset's model and the full model share the kernel and likelihood objects, so the
+                # second optimisation starts where the first stopped.
+                subset = gpflow.models.GPR((x_train[rows], y_train[rows, None]), kernel=kernel,
+                                           likelihood=likelihood)
+                warm_iter = _scipy_minimize(gpflow, loss(subset), subset.trainable_variables, max_iter)[0]
+                warm = (warm_start_rows, warm_iter)
+                description += (f", warm-started: fitted first on {warm_start_rows} of the {n} training "
+                                f"rows drawn from the key ({warm_iter} iterations), then to convergence on "
+                                f"all rows")
+            model = gpflow.models.GPR(data, kernel=kernel, likelihood=likelihood)
+            n_iter, converged, n_eval = _scipy_minimize(gpflow, loss(model), model.trainable_variables,
+                                                        max_iter)
+            objective = float(model.log_marginal_likelihood().numpy())
+            if gradient == "closed_form":
+                description += "; closed-form gradient"
         else:
             init_key, batch_key = jax.random.split(key)
             rows = np.asarray(jax.random.choice(init_key, n, (n_inducing,), replace=False))
@@ -240,14 +313,15 @@ def fit_predict(
                 # Titsias' collapsed bound: the ELBO maximised over q(u) in closed form. (Uncollapsed SVGP
                 # leaves q(u)'s m(m+3)/2 entries to L-BFGS-B, which fails to converge them even for m=40.)
                 model = gpflow.models.SGPR(data, kernel, z, likelihood=likelihood)
-                n_iter, converged = _scipy_minimize(gpflow, model.training_loss, model.trainable_variables,
-                                                    max_iter)
+                n_iter, converged, n_eval = _scipy_minimize(gpflow, model.training_loss,
+                                                            model.trainable_variables, max_iter)
                 how = (f"the collapsed ELBO, q(u) optimal in closed form (GPflow {gpflow.__version__} SGPR; "
                        f"scipy L-BFGS-B, at most {max_iter} iterations)")
             else:
                 model = gpflow.models.SVGP(kernel, likelihood, z, num_data=n, whiten=True)
                 seed = int(jax.random.randint(batch_key, (), 0, np.iinfo(np.int32).max))
                 n_iter, converged = _adam(tf, gpflow, model, data, minibatch, max_iter, seed)
+                n_eval = n_iter
                 how = (f"minibatch estimates of the uncollapsed ELBO, q(u) a free Gaussian (Hensman et al. "
                        f"2013; GPflow {gpflow.__version__} SVGP, whitened; Adam, lr {_ADAM_LEARNING_RATE:g}, "
                        f"batch {minibatch}, {max_iter} steps)")
@@ -258,7 +332,9 @@ def fit_predict(
                 f"kernel, hyper-parameters by maximising {how}"
             )
         mean, var = (t.numpy()[:, 0].astype(np.float64) for t in model.predict_y(x_test))
-    except tf.errors.InvalidArgumentError as err:  # Cholesky failures surface as InvalidArgumentError
+    # Cholesky failures surface as InvalidArgumentError; a LAPACK failure in the closed-form gradient (run
+    # by tf.numpy_function) as UnknownError.
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as err:
         raise RuntimeError(f"GP fit failed for {what}: {err.message.splitlines()[0]}") from err
     noise_var = float(likelihood.variance.numpy())
     lengthscale = float(kernel.lengthscales.numpy())
@@ -273,14 +349,56 @@ def fit_predict(
             + (f"; {n_bad} non-finite predictive means/variances" if n_bad else "")
         )
     return GPFit(mean, var, noise_var, lengthscale, signal_var, objective, n_iter, converged, method,
-                 description)
+                 description, n_eval, *warm)
 
 
-def _scipy_minimize(gpflow: ModuleType, loss: Any, variables: Any, max_iter: int) -> tuple[int, bool]:
+def _scipy_minimize(gpflow: ModuleType, loss: Any, variables: Any, max_iter: int) -> tuple[int, bool, int]:
+    """L-BFGS-B with scipy's default stopping rule; returns (iterations, converged, evaluations)."""
     result = gpflow.optimizers.Scipy().minimize(
         loss, variables, method="L-BFGS-B", options={"maxiter": max_iter}, compile=True
     )
-    return int(result.nit), bool(result.success)
+    return int(result.nit), bool(result.success), int(result.nfev)
+
+
+def _gpr_loss_closed_form_gradient(tf: ModuleType, gpflow: ModuleType, model: Any) -> Any:
+    """``model.training_loss`` of a GPR (the same value, the same operations) whose gradient with respect to
+    the kernel matrix ``K`` (noise included) is the closed form ``(alpha alpha^T - K^-1) / 2``; TensorFlow
+    chains it to the hyper-parameters. Needs GPR's zero mean function (the residual is not differentiated).
+    """
+    x, y = model.data
+    residual = y - model.mean_function(x)
+
+    @tf.custom_gradient
+    def log_density(k: Any) -> Any:
+        chol = tf.linalg.cholesky(k)
+        value = tf.reduce_sum(gpflow.logdensities.multivariate_normal(y, model.mean_function(x), chol))
+
+        def grad(upstream: Any) -> Any:
+            dk = tf.numpy_function(_log_density_gradient, [chol, residual], tf.float64, stateful=False)
+            return upstream * tf.reshape(dk, tf.shape(k))
+
+        return value, grad
+
+    @tf.autograph.experimental.do_not_convert  # straight-line code: nothing for AutoGraph to convert
+    def loss() -> Any:
+        k = gpflow.utilities.add_likelihood_noise_cov(model.kernel(x), model.likelihood, x)
+        return -log_density(k) - model.log_prior_density()
+
+    return loss
+
+
+def _log_density_gradient(chol: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """``d log N(r | 0, K) / dK = (alpha alpha^T - K^-1) / 2``, ``alpha = K^-1 r``, from ``K``'s lower
+    Cholesky factor; symmetric, as ``K`` is (TensorFlow's Cholesky gradient is symmetrised too)."""
+    alpha = linalg.cho_solve((chol, True), residual, check_finite=False)
+    inv, info = linalg.lapack.dpotri(chol, lower=1)  # the lower triangle of K^-1 (a copy of chol overwritten)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dpotri failed (info={info})")
+    inv = np.tril(inv)
+    inv += np.tril(inv, -1).T  # the full symmetric K^-1
+    inv -= alpha @ alpha.T
+    inv *= -0.5
+    return inv
 
 
 def _adam(tf: ModuleType, gpflow: ModuleType, model: Any, data: tuple[np.ndarray, np.ndarray],

@@ -124,6 +124,109 @@ def test_gpr_recovers_a_known_noise_variance():
     assert np.all(fit.var > fit.noise_var)
 
 
+# scipy's L-BFGS-B stops when an iteration improves the objective f by less than FTOL * max(|f|, 1)
+# (its default ftol: factr 1e7 times the float64 machine epsilon). Near a well-conditioned optimum L-BFGS
+# converges superlinearly, so the gap left after that last iteration is smaller than that last improvement.
+FTOL = 1e7 * np.finfo(np.float64).eps
+
+
+def _log_params(fit):
+    return np.log([fit.lengthscale, fit.signal_var, fit.noise_var])
+
+
+def _hessian(f, theta, h=1e-3):
+    """Central finite differences of f's Hessian at theta (3 x 3)."""
+    k = len(theta)
+    hess = np.empty((k, k))
+    for i in range(k):
+        for j in range(k):
+            ei, ej = np.eye(k)[i] * h, np.eye(k)[j] * h
+            hess[i, j] = (f(theta + ei + ej) - f(theta + ei - ej) - f(theta - ei + ej)
+                          + f(theta - ei - ej)) / (4 * h * h)
+    return hess
+
+
+@pytest.fixture(scope="module")
+def mid():
+    """n = 800, d = 3: a smooth function plus noise of variance 0.04, standardised; 60 test inputs; and the
+    plain fit (automatic gradient, default start)."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(800, 3))
+    y = np.sin(2.0 * x[:, 0]) + 0.5 * x[:, 1] * x[:, 2] + 0.2 * rng.normal(size=800)
+    y = (y - y.mean()) / y.std()
+    x_test = rng.normal(size=(60, 3))
+    return x, y, x_test, gp.fit_predict(jax.random.key(0), x, y, x_test, method="gpr")
+
+
+@pytest.mark.parametrize(
+    "fast_path",
+    [{"gradient": "closed_form"}, {"warm_start_rows": 200},
+     {"gradient": "closed_form", "warm_start_rows": 200}],
+    ids=["closed_form", "warm_start", "both"],
+)
+def test_fast_paths_reach_the_plain_fits_optimum(mid, fast_path):
+    """The closed-form gradient and the warm start (hyper-parameters fitted on 200 of the 800 rows first,
+    then L-BFGS-B on all rows) stop at the plain fit's optimum: the same log marginal likelihood, hyper-
+    parameters and predictions, to what the optimiser's stopping rule allows.
+
+    Each fit is within delta = FTOL * |f| of the maximum f* (see FTOL), so the objectives differ by at most
+    2 delta. In theta = log(lengthscale, signal variance, noise variance), f ~ f* - (t - t*)' H (t - t*) / 2
+    (H: minus the Hessian, by finite differences of the numpy marginal likelihood), so each fit lies within
+    sqrt(2 delta) of t* in H's norm, the two within 2 sqrt(2 delta); and a prediction p(theta) with gradient
+    J moves by at most |J (t1 - t2)| <= sqrt(J H^-1 J') * 2 sqrt(2 delta) (Cauchy-Schwarz).
+    """
+    x, y, x_test, plain = mid
+    fast = gp.fit_predict(jax.random.key(0), x, y, x_test, method="gpr", **fast_path)
+    assert plain.converged and fast.converged and fast.n_iter > 0
+    assert (plain.warm_start_rows, plain.warm_start_iter) == (0, 0)
+    assert "warm-started" not in plain.description and "closed-form" not in plain.description
+    if "warm_start_rows" in fast_path:
+        assert fast.warm_start_rows == 200 and fast.warm_start_iter > 0
+        assert "warm-started: fitted first on 200 of the 800 training rows" in fast.description
+    else:
+        assert (fast.warm_start_rows, fast.warm_start_iter) == (0, 0)
+    assert ("closed-form gradient" in fast.description) == ("gradient" in fast_path)
+
+    delta = FTOL * max(abs(plain.objective), 1.0)
+    assert abs(fast.objective - plain.objective) <= 2 * delta
+    # Both objectives are the numpy marginal likelihood at the fitted hyper-parameters.
+    for fit in (plain, fast):
+        assert fit.objective == pytest.approx(_lml(x, y, fit.lengthscale, fit.signal_var, fit.noise_var),
+                                              rel=1e-9)
+
+    def lml(theta):
+        return _lml(x, y, *np.exp(theta))
+
+    theta = _log_params(plain)
+    hess = -_hessian(lml, theta)
+    assert np.all(np.linalg.eigvalsh(hess) > 0)  # a strict local maximum (the quadratic model is valid)
+    step = _log_params(fast) - theta
+    assert step @ hess @ step <= (2 * np.sqrt(2 * delta)) ** 2
+
+    def predictions(t):
+        mean, var, _ = _gp_numpy(x, y, x_test, *np.exp(t))
+        return np.concatenate([mean, var])
+
+    h = 1e-5
+    jac = np.stack([(predictions(theta + h * e) - predictions(theta - h * e)) / (2 * h) for e in np.eye(3)],
+                   axis=1)
+    bound = np.sqrt(np.einsum("ij,jk,ik->i", jac, np.linalg.inv(hess), jac)) * 2 * np.sqrt(2 * delta)
+    diff = np.concatenate([fast.mean - plain.mean, fast.var - plain.var])
+    assert np.all(np.abs(diff) <= bound), np.max(np.abs(diff) / bound)
+
+
+def test_warm_start_rows_at_or_above_n_is_the_plain_fit(small, small_gpr):
+    """The warm start only starts above warm_start_rows training rows; up to it the plain fit runs, unchanged
+    (the committed results of the small datasets depend on it)."""
+    x, y, x_test = small
+    fit = gp.fit_predict(jax.random.key(7), x, y, x_test, method="gpr", warm_start_rows=len(y))
+    assert fit.warm_start_rows == 0 and fit.description == small_gpr.description
+    np.testing.assert_array_equal(fit.mean, small_gpr.mean)
+    np.testing.assert_array_equal(fit.var, small_gpr.var)
+    assert (fit.objective, fit.lengthscale, fit.noise_var, fit.n_iter) == (
+        small_gpr.objective, small_gpr.lengthscale, small_gpr.noise_var, small_gpr.n_iter)
+
+
 def test_svgp_minibatch_adam_improves_the_elbo(small):
     x, y, x_test = small
     short = gp.fit_predict(jax.random.key(2), x, y, x_test, method="svgp", n_inducing=10, minibatch=20,
@@ -157,6 +260,12 @@ def test_overflowing_data_raise_instead_of_returning_nans():
         ({"minibatch": 2}, r"minibatch applies to method 'svgp' only"),
         ({"max_iter": 0}, r"max_iter must be a positive integer"),
         ({"init_noise_var": -1.0}, r"init_noise_var must be a finite number"),
+        ({"gradient": "numeric"}, r"unknown gradient 'numeric'; known gradients: autodiff, closed_form"),
+        ({"method": "svgp", "n_inducing": 3, "gradient": "closed_form"}, r"applies to method 'gpr' only"),
+        ({"warm_start_rows": 0}, r"warm_start_rows must be None or a positive integer, got 0"),
+        ({"warm_start_rows": 2.5}, r"warm_start_rows must be None or a positive integer, got 2.5"),
+        ({"warm_start_rows": True}, r"warm_start_rows must be None or a positive integer, got True"),
+        ({"method": "svgp", "n_inducing": 3, "warm_start_rows": 2}, r"warm_start_rows applies to method"),
     ],
 )
 def test_bad_input(kwargs, match):
@@ -191,8 +300,9 @@ def test_fitting_writes_nothing_to_stderr():
         x = np.linspace(-1, 1, 8)[:, None]
         fit = gp.fit_predict(jax.random.key(0), x, np.sin(3 * x[:, 0]), x, method="svgp", n_inducing=4,
                              max_iter=20)
-        print(fit.mean.shape)
+        warm = gp.fit_predict(jax.random.key(0), x, np.sin(3 * x[:, 0]), x, warm_start_rows=4)
+        print(fit.mean.shape, warm.warm_start_rows)
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "(8,)"
+    assert proc.stdout.strip() == "(8,) 4"
     assert proc.stderr == ""

@@ -194,9 +194,16 @@ def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: fl
     def fit_gp(key, x, y, x_eval, noise_var):
         from .. import gp
 
-        g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter)
+        # Exact GPR on more than 2000 training rows (Kin8nm, Naval, Power) takes the closed-form gradient of the
+        # marginal likelihood: the same objective and optimum, ~4.7x fewer CPU seconds per evaluation at
+        # n = 7373 (gp.fit_predict). Up to 2000 rows TensorFlow's automatic gradient: the committed GP cells of
+        # the small datasets stay as they are. (A literal here: the family hash reads this function's source.)
+        fast = {"gradient": "closed_form"} if kind == "gpr" and len(y) > 2000 else {}
+        g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter,
+                           **fast)
         info = {"kind": kind, "lengthscale": g.lengthscale, "signal_var": g.signal_var,
-                "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged)}
+                "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged),
+                "gradient": fast.get("gradient", "autodiff")}
         return Prediction(g.mean[None], g.var, 0, float(g.noise_var), info)
 
     return Method("gp", 0, False, fit_gp)

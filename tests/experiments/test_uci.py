@@ -395,3 +395,28 @@ def test_expand_methods():
         experiment.expand_methods(["mc"])
     # the CLI takes families and says what is wrong with an unknown one
     assert cli.main(["run", "uci", "--methods", "dropout", "--out", "/nonexistent"]) == 2
+
+
+@pytest.mark.parametrize("n,expected", [(2000, {}), (2001, {"gradient": "closed_form"})])
+def test_gp_cells_take_the_closed_form_gradient_above_2000_rows(monkeypatch, n, expected):
+    """Exact GPR cells on more than 2000 training rows (Kin8nm, Naval, Power) ask gp.fit_predict for the
+    closed-form gradient; smaller ones call it exactly as before (their committed cells stay valid); SVGP
+    (Protein) never."""
+    from bootens_core import gp
+
+    calls = []
+
+    def fake(key, x, y, x_eval, **kw):
+        calls.append(kw)
+        m = len(x_eval)
+        return gp.GPFit(np.zeros(m), np.ones(m), 0.1, 1.0, 1.0, 0.0, 1, True, kw["method"], "fake")
+
+    monkeypatch.setattr(gp, "fit_predict", fake)
+    cfg = UCIConfig.quick()
+    x, xe = np.zeros((n, 2)), np.zeros((3, 2))
+    pred = experiment.method("gp", cfg, "kin8nm", 2).fit(jax.random.key(0), x, np.zeros(n), xe, None)
+    got = {k: v for k, v in calls[-1].items() if k not in ("method", "n_inducing", "max_iter")}
+    assert got == expected and calls[-1]["method"] == "gpr"
+    assert pred.info["gradient"] == expected.get("gradient", "autodiff")
+    experiment.method("gp", cfg, "protein", 2).fit(jax.random.key(0), x, np.zeros(n), xe, None)
+    assert calls[-1]["method"] == "svgp" and "gradient" not in calls[-1]
