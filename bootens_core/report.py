@@ -9,6 +9,7 @@ import csv
 import functools
 import io
 from importlib import resources
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ __all__ = [
     "uci_verdicts",
     "uci_coverage",
     "uci_runs",
+    "uci_lbfgs_variants",
     "uci_noise_selection",
     "uci_sghmc_study",
     "uci_lbfgs_summary",
@@ -509,6 +511,34 @@ def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
     names = list(next(iter(table.values()), {}))
     return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
                         index=pd.Index(names, dtype=object))
+
+
+def uci_lbfgs_variants(cells: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Diverged particles per split for L-BFGS variants on the same cells
+    (:func:`bootens_core.experiments.uci.lbfgs_variant_cells`).
+
+    Rows: (sigma^2 in standardised label units, dataset, hidden layers); columns: the variants; entries: the
+    diverged particles of each split, in split order, and the particles per cell (``"4, 0, 1 of 200"``);
+    ``"not run"`` where a variant has no cell. Rows and columns keep the order of first appearance.
+    """
+    table: dict[tuple[str, str, int], dict[str, dict[int, tuple[int, int]]]] = {}
+    columns: list[str] = []
+    for c in cells:
+        row = (f"{float(c['noise_var_std_units']):g}", str(c["dataset"]), int(c["hidden_layers"]))
+        col = str(c["optimizer"])
+        if col not in columns:
+            columns.append(col)
+        k = int(c["n_components"]) + int(c["diverged_particles"])
+        table.setdefault(row, {}).setdefault(col, {})[int(c["split"])] = (int(c["diverged_particles"]), k)
+    def entry(splits: dict[int, tuple[int, int]] | None) -> str:
+        if not splits:
+            return "not run"
+        sizes = {k for _, k in splits.values()}
+        size = f" of {sizes.pop()}" if len(sizes) == 1 else ""
+        return ", ".join(str(splits[s][0]) for s in sorted(splits)) + size
+    rows = sorted(table, key=lambda r: (float(r[0]), r[2]))
+    index = pd.MultiIndex.from_tuples(rows, names=["σ² (standardised)", "dataset", "hidden layers"])
+    return pd.DataFrame({col: [entry(table[r].get(col)) for r in rows] for col in columns}, index=index)
 
 
 def uci_noise_selection(result: Any) -> pd.DataFrame:

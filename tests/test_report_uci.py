@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -186,3 +188,42 @@ def test_paper_scale_of_the_committed_records():
         done += 2 * sum(n == PAPER_SPLITS[k[2]] for k, n in splits.items())
     _, count = report.uci_paper_scale({n: store.load(root / n) for n in ("uci", "uci-mcd-sghmc")})
     assert str(count) == f"{done} of 108 table cells"
+
+
+def test_lbfgs_variants_table_from_synthetic_cells():
+    from bootens_core import report
+
+    def cell(opt, ds, split, div, layers=1, nv=1e-4):
+        return {"optimizer": opt, "dataset": ds, "split": split, "hidden_layers": layers,
+                "noise_var_std_units": nv, "diverged_particles": div, "n_components": 200 - div}
+
+    cells = [cell("A", "yacht", 1, 3), cell("A", "yacht", 0, 5), cell("B", "yacht", 0, 0),
+             cell("A", "boston", 0, 0, layers=4), cell("B", "energy", 0, 1, nv=1e-3)]
+    t = report.uci_lbfgs_variants(cells)
+    assert list(t.columns) == ["A", "B"]
+    assert t.loc[("0.0001", "yacht", 1), "A"] == "5, 3 of 200"  # split order, not input order
+    assert t.loc[("0.0001", "yacht", 1), "B"] == "0 of 200"
+    assert t.loc[("0.0001", "boston", 4), "B"] == "not run"
+    assert t.loc[("0.001", "energy", 1), "B"] == "1 of 200"
+    assert list(t.index.get_level_values(0)) == ["0.0001", "0.0001", "0.001"]  # by sigma^2, then layers
+
+
+def test_lbfgs_variant_cells_read_the_committed_records():
+    """The committed L-BFGS variant records: every cells.csv row comes back, labelled by its config.json."""
+    import csv
+    import json
+
+    from bootens_core.experiments import uci
+
+    root = Path(__file__).resolve().parents[1] / "results" / "paper" / "uci-lbfgs"
+    cells = uci.lbfgs_variant_cells(root)
+    folders = [p for p in sorted(root.iterdir()) if (p / "cells.csv").is_file()]
+    assert len(cells) == sum(len(list(csv.DictReader((p / "cells.csv").open()))) for p in folders)
+    for p in folders:
+        c = json.loads((p / "config.json").read_text())
+        mine = [r for r in cells if r["record"] == p.name]
+        assert {r["optimizer"] for r in mine} == {uci.lbfgs_label(c["lbfgs_linesearch"], c["lbfgs_memory"])}
+    labels = {r["optimizer"] for r in cells}
+    assert "torch.optim.LBFGS, fixed step (history 100)" in labels and "optax, fixed step (memory 10)" in labels
+    with pytest.raises(ValueError, match="unknown lbfgs_linesearch 'bfgs'"):
+        uci.lbfgs_label("bfgs", 10)

@@ -9,17 +9,20 @@ the training split); ``sghmc-1`` (scale-adapted SGHMC, :func:`bootens_core.mcmc.
 network, prior and likelihood; restarts x kept draws are the mixture components; sigma^2 on the validation
 grid). The protocol is :mod:`bootens_core.harness`.
 
-**The L-BFGS of the paper** ("32 steps, step size 0.5") is read as 32 steps of ``lbfgs_iters_per_step``
-(20, torch.optim.LBFGS's default) iterations, 640 in all, of the L-BFGS direction ``d_k = -P_k g_k``
-(two-loop recursion over the last ``lbfgs_memory``
-pairs, initial inverse Hessian ``gamma_k I`` with ``gamma_k = s'y / y'y``; at the first step
-``gamma_0 = min(1, 1/|g_0|)``) followed by a fixed step ``theta += 0.5 d_k`` -- no line search
-(``optax.lbfgs(0.5, linesearch=None)``). :func:`lbfgs_check` shows on one particle that these directions
-are those of scipy's L-BFGS inverse-Hessian product, and sets the fixed-step run beside optax's line-search
-L-BFGS and scipy's L-BFGS-B. That fixed step is ``lbfgs_linesearch=None`` (:meth:`UCIConfig.faithful`); it
-diverges for many particles, so every profile uses optax's zoom line search (strong Wolfe conditions,
-first trial step 0.5, at most optax's default number of line-search evaluations per iteration) -- a named
-deviation.
+**The L-BFGS of the paper** ("32 steps, step size 0.5") is read as ``torch.optim.LBFGS(lr=0.5)`` stepped 32
+times: each step up to ``lbfgs_iters_per_step`` (20, torch's ``max_iter``) iterations, 640 at most, of the
+L-BFGS direction ``d_k = -P_k g_k`` (two-loop recursion over the last ``lbfgs_memory`` curvature pairs, torch's
+``history_size`` 100; initial inverse Hessian ``gamma_k I`` with ``gamma_k = s'y / y'y``; the first step scaled
+by ``min(1, 1/|g_0|_1)``; pairs with ``y's <= 1e-10`` skipped) followed by a fixed step ``theta += 0.5 d_k`` --
+no line search. That is ``lbfgs_linesearch="torch"`` (:func:`bootens_core.lbfgs.torch_lbfgs`,
+:meth:`UCIConfig.faithful`). ``lbfgs_linesearch=None`` is optax's L-BFGS at the same fixed step for 640
+iterations (``optax.lbfgs(0.5, linesearch=None)``, memory 10, :meth:`UCIConfig.optax_fixed_step`), which
+stores every pair and so can step uphill. :func:`lbfgs_check` shows on one particle that optax's directions
+are those of scipy's L-BFGS inverse-Hessian product and sets both fixed-step runs beside optax's line-search
+L-BFGS and scipy's L-BFGS-B. Both fixed steps diverge for many particles (torch's more often: it never steps
+uphill, but a step of 0.5 along a direction built from 100 stale pairs overshoots), so every profile uses
+optax's zoom line search (strong Wolfe conditions, first trial step 0.5, at most optax's default number of
+line-search evaluations per iteration, memory 10) -- a named deviation.
 
 Each cell is stored as soon as it finishes (see :class:`~bootens_core.harness.CellStore`), under a folder
 keyed by the PRNG key and, per method family, by the settings, modules and code that change that family's
@@ -92,6 +95,8 @@ __all__ = [
     "fold",
     "cell_devices",
     "cell_of",
+    "lbfgs_label",
+    "lbfgs_variant_cells",
     "record_cells",
 ]
 
@@ -418,6 +423,36 @@ def record_cells(folder: str | Path) -> list[dict[str, Any]]:
         except ValueError as exc:
             raise ValueError(f"{table}, line {i}: {exc}") from exc
         out.append(rec)
+    return out
+
+
+def lbfgs_label(linesearch: str | None, memory: int) -> str:
+    """A readable name of an L-BFGS variant of :data:`~bootens_core.config.UCI_LBFGS_LINESEARCHES`."""
+    names = {None: f"optax, fixed step (memory {memory})", "zoom": f"optax, zoom line search (memory {memory})",
+             "torch": f"torch.optim.LBFGS, fixed step (history {memory})",
+             "torch-strong-wolfe": f"torch.optim.LBFGS, strong Wolfe (history {memory})"}
+    if linesearch not in names:
+        raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}")
+    return names[linesearch]
+
+
+def lbfgs_variant_cells(root: str | Path) -> list[dict[str, Any]]:
+    """The cells of every record folder directly under ``root`` (one run of one L-BFGS variant each, e.g.
+    ``results/paper/uci-lbfgs``), each with the variant's ``optimizer`` (:func:`lbfgs_label` of its
+    ``config.json``) and ``lbfgs_step_size``. A folder without ``config.json`` and ``cells.csv`` is skipped;
+    a malformed one is a one-line ``ValueError``."""
+    out: list[dict[str, Any]] = []
+    for folder in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        if not ((folder / "config.json").is_file() and (folder / "cells.csv").is_file()):
+            continue
+        try:
+            c = json.loads((folder / "config.json").read_text())
+            label = lbfgs_label(c["lbfgs_linesearch"], int(c["lbfgs_memory"]))
+            step = float(c["lbfgs_step_size"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{folder / 'config.json'}: not a UCI record's settings ({exc})") from exc
+        out += [{**rec, "optimizer": label, "lbfgs_step_size": step, "record": folder.name}
+                for rec in record_cells(folder)]
     return out
 
 
