@@ -297,12 +297,16 @@ def _cmd_fold(args: argparse.Namespace) -> int:
             print(f"bootens: {old_config}: unreadable ({exc}); give another --into or remove it", file=sys.stderr)
             return 2
     now = json.loads(json.dumps(config.as_dict(cfg), default=str))
-    changed = [] if previous is None else sorted(
-        k for k in set(previous) | set(now) if k not in ("workers", "datasets", "methods")
-        and previous.get(k) != now.get(k))
+    changed: list[str] = []
     try:
-        if previous is not None and not changed:
-            kept = mod.record_cells(args.into)
+        if previous is not None:
+            # Only the settings that decide the record's own cells must agree (packed cells are checked against
+            # this configuration by their family hash): a field added later for another method family does not
+            # make the record one of other settings.
+            held = mod.record_cells(args.into)
+            fields = mod.settings_fields(sorted({mod.cell_of(r).method for r in held}))
+            changed = [k for k in fields if previous.get(k) != now.get(k)]
+            kept = [] if changed else held
         report = mod.fold(args.packs, key, cfg, force=args.force, root=args.store)
         result = _stored_result(mod, report.store_dir, cfg, kept)
     except (ValueError, FileNotFoundError) as exc:

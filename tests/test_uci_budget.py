@@ -466,6 +466,45 @@ def test_fold_keeps_the_records_own_cells(blocked_run, tmp_path, monkeypatch, ca
     assert json.loads((into / "summary.json").read_text())["n_cells"] == 3
 
 
+def test_fold_keeps_a_record_whose_config_lacks_fields_of_other_families(blocked_run, tmp_path, monkeypatch, capsys):
+    # A record made before fields of other method families existed (the committed results/paper/uci, of
+    # ensemble and GP cells, lacks the MC dropout and SGHMC fields) keeps its cells; a changed field of its own
+    # cells' families still makes it a record of other settings.
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-1"))
+    into = tmp_path / "rec"
+    argv = ["fold-cells", str(blocked_run["pack"]), *TINY, "--quiet", "--into", str(into)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    old = json.loads((into / "config.json").read_text())
+    header, *rows = (into / "cells.csv").read_text().splitlines()
+    gp_row = uci.cells_csv([_fake_record(Cell("yacht", 0, "gp"), 1.5)]).splitlines()[1]
+    (into / "cells.csv").write_text("\n".join([header, *(r for r in rows if ",ensemble," in r), gp_row]) + "\n")
+    assert {uci.cell_of(r).method for r in uci.record_cells(into)} == {"ensemble-1", "gp"}
+    (into / "config.json").write_text(json.dumps({k: v for k, v in old.items() if not k.startswith(("sghmc_", "mcd_"))}))
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-2"))
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "kept 1 cell(s) of the record" in err and "differs" not in err
+    assert json.loads((into / "summary.json").read_text())["n_cells"] == 4
+    assert "sghmc_lr" in json.loads((into / "config.json").read_text())  # rewritten with this configuration
+    (into / "config.json").write_text(json.dumps({**old, "lbfgs_memory": old["lbfgs_memory"] + 1}))
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "differs from the one in" in err and "lbfgs_memory" in err
+    assert json.loads((into / "summary.json").read_text())["n_cells"] == 3
+
+
+def test_settings_fields_are_those_of_the_methods_families():
+    ens = uci.settings_fields(["ensemble-1"])
+    assert {"seed", "noise_grid", "val_fraction", "n_particles", "lbfgs_memory"} <= set(ens)
+    assert not any(f.startswith(("sghmc_", "mcd_")) for f in ens) and "gp_max_iter" not in ens
+    both = uci.settings_fields(["gp", "sghmc-1"])
+    assert {"gp_max_iter", "sghmc_lr", "seed"} <= set(both) and "lbfgs_memory" not in both
+    assert uci.settings_fields(["ensemble-4", "ensemble-1"]) == ens == tuple(sorted(ens))
+    with pytest.raises(ValueError, match="unknown UCI method 'nn-2'"):
+        uci.settings_fields(["nn-2"])
+
+
 def test_record_cells_rejects_a_table_that_is_not_cells_csv(tmp_path):
     (tmp_path / "cells.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a cells.csv"):

@@ -97,6 +97,7 @@ __all__ = [
     "cell_of",
     "lbfgs_label",
     "lbfgs_variant_cells",
+    "settings_fields",
     "record_cells",
 ]
 
@@ -291,6 +292,19 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("mcmc/sghmc.py", "mcmc/_common.py", "models.py", "ensemble.py"),
     ),
 }
+
+
+def settings_fields(method_ids: Iterable[str]) -> tuple[str, ...]:
+    """The :class:`UCIConfig` fields that decide the numbers of cells of these method ids: the fields common to
+    every cell and those of the ids' method families (:data:`_FAMILIES`), sorted. Two configurations that agree
+    on them give those cells the same numbers (with the same code); a field added for another family does not
+    make a record of these cells one of other settings."""
+    fields = set(_COMMON_FIELDS)
+    for m in method_ids:
+        if m not in UCI_METHODS:
+            raise ValueError(f"unknown UCI method {m!r}: known are {', '.join(UCI_METHODS)}")
+        fields.update(_FAMILIES[m.partition("-")[0]][0])
+    return tuple(sorted(fields))
 
 
 def _family_hash(cfg: UCIConfig, family: str) -> str:
