@@ -42,6 +42,11 @@ __all__ = [
     "uci_lbfgs_summary",
     "UCI_SCALE_FIELDS",
     "uci_paper_scale",
+    "uci_paired",
+    "uci_ranking",
+    "uci_claim",
+    "uci_published",
+    "uci_published_sources",
     "classification_verdicts",
     "classification_agreement",
     "classification_table",
@@ -407,10 +412,30 @@ def bench_verdicts(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
     return out
 
 
+def _sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits, positional (0.00123, 3.04, 1230)."""
+    if not np.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    rounded = float(f"{float(x):.{digits - 1}e}")
+    decimals = max(digits - 1 - int(np.floor(np.log10(abs(rounded)))), 0)
+    return f"{rounded:.{decimals}f}"
+
+
 def _pm(mean: float, std: float) -> str:
     if not np.isfinite(mean):
         return "diverged"
     return f"{mean:.3g} ± {std:.2g}" if abs(mean) >= 100 else f"{mean:.2f} ± {std:.2f}"
+
+
+def _ours(r: Mapping[str, Any]) -> str:
+    """Our entry of a summary row: mean ± SE (SD, splits), 3 significant digits for the mean, 2 for SE and SD."""
+    if not np.isfinite(r["mean"]):
+        return f"diverged ({r['n_splits']})"
+    if not np.isfinite(r.get("se", float("nan"))):
+        return f"{_sig(r['mean'])} ({r['n_splits']})"
+    return f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} (SD {_sig(r['sd'], 2)}, {r['n_splits']})"
 
 
 def uci_table(
@@ -418,11 +443,15 @@ def uci_table(
 ) -> pd.DataFrame:
     """One of the paper's UCI tables for ``metric`` (``rmse``, ``mnll`` or ``coverage95``), ours beside theirs.
 
-    Rows: datasets (with their size n). Columns: for each (method, layers) of ``columns``, ``ours`` (mean ± std
-    over the splits run, and how many), ``paper`` (the published mean ± std, a reference) and ``verdict``.
-    A method whose issue has not landed shows "pending"; one not run in this profile shows "not run".
+    Rows: datasets (with their size n). Columns: for each (method, layers) of ``columns``, ``ours`` (mean ± SE
+    over the splits run, with the SD over splits and their number: ``3.04 ± 0.21 (SD 0.67, 10)``; 3 significant
+    digits), ``paper`` (the published mean ± its SE, with the published SD and the paper's number of splits:
+    a reference, nothing computed but the SE) and ``verdict`` (of
+    :func:`bootens_core.experiments.uci.compare_with_paper`, with its two-sided p-value). A method whose issue
+    has not landed shows "pending"; one not run in this profile shows "not run".
     """
     rows = {(r["dataset"], r["method"], int(r["hidden_layers"])): r for r in summary["rows"] if r["metric"] == metric}
+    from .data.uci import PAPER_SPLITS
     from .experiments.uci import paper_reference
 
     ref = paper_reference()
@@ -435,14 +464,21 @@ def uci_table(
         for d in datasets:
             r = rows.get((d, meth, layers))
             p = ref.get((d, meth, layers, metric))
-            paper.append(_pm(*p) if p else "—")
+            if p:
+                n_p = PAPER_SPLITS[d]
+                paper.append(f"{p[0]:.2f} ± {_sig(max(p[1], 0.005) / np.sqrt(n_p), 2)} (SD {p[1]:.2f}, {n_p})")
+            else:
+                paper.append("—")
             if r is not None:
-                ours.append(f"{_pm(r['mean'], r['std'])} ({r['n_splits']})")
-                verdict.append(r["verdict"] + (f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""))
+                ours.append(_ours(r))
+                v = r["verdict"]
+                if np.isfinite(r.get("p", float("nan"))):
+                    v += f" (p {r['p']:.3g})"
+                verdict.append(v + (f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""))
             else:
                 ours.append("pending" if meth in UCI_PENDING else "not run")
                 verdict.append("")
-        data[(label, "ours (splits)")] = ours
+        data[(label, "ours")] = ours
         data[(label, "paper")] = paper
         data[(label, "verdict")] = verdict
     return pd.DataFrame(data, index=index)
@@ -461,20 +497,27 @@ def uci_size(dataset: str) -> int:
 def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
     """Counts of the comparison with the paper's Tables 2-3 (RMSE and MNLL cells; coverage is ours only).
 
-    A cell is ``within`` when |ours - paper| <= max(the paper's std over splits, 0.005): the paper's own
-    split-to-split spread is the yardstick, and 0.005 its print resolution.
+    A cell *agrees* when the two-sided Welch-type t-test of our mean over splits against the paper's (SE from
+    the SD over splits on both sides; :func:`bootens_core.experiments.uci.compare_with_paper`) gives
+    p >= 5%; else it is *better* (lower) or *worse*. With many cells some differ by chance at 5% each;
+    ``differ_holm`` counts those that differ at a family-wise 5% over the cells of the summary (Holm).
+    ``computed`` says only what no rounding can change (cells compared and failed).
     """
     rows = [r for r in summary["rows"] if r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
-    count = {v: sum(r["verdict"] == v for r in rows) for v in ("within", "better", "worse", "failed")}
+    names = ("agrees", "better", "worse", "failed", "too few splits")
+    count = {v: sum(r["verdict"] == v for r in rows) for v in names}
     n = len(rows)
     div = summary.get("diverged_particles_total", 0)
+    holm = summary.get("cells_differ_holm", 0)
+    level = summary.get("level", 0.05)
+    few = f", {count['too few splits']} with too few splits" if count["too few splits"] else ""
     return {
-        # What no rounding difference can change: how many cells exist and how many failed outright.
         "computed": Text(f"{n} RMSE/MNLL cells compared with the paper, {count['failed']} failed"),
-        "agree": Text(f"{count['within']} of {n}"),
+        "agree": Text(f"{count['agrees']} of {n}"),
         "counts": Text(
-            f"{count['within']} of {n} RMSE/MNLL cells within the paper's ±1 std, {count['better']} better, "
-            f"{count['worse']} worse, {count['failed']} failed; {div} diverged particles"
+            f"{count['agrees']} of {n} RMSE/MNLL cells agree with the paper's mean (two-sided test at "
+            f"{level:.0%}), {count['better']} better, {count['worse']} worse, {count['failed']} failed{few}; "
+            f"{holm} differ at a family-wise {level:.0%} (Holm); {div} diverged particles"
         ),
     }
 
@@ -664,6 +707,139 @@ def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any
         "loss_final": dict(check["final"]),
         "scipy_nfev": int(check["scipy_nfev"]),
     }
+
+
+def _label(method_id: str) -> str:
+    family, _, layers = method_id.partition("-")
+    return _UCI_LABELS[(family, int(layers) if layers else 0)]
+
+
+def uci_paired(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> pd.DataFrame:
+    """Bootstrap ensembles against each baseline on the same splits
+    (:func:`bootens_core.experiments.uci.paired_comparisons`): per dataset, metric, ensemble and baseline the
+    common splits, the mean over them of (ensemble − baseline) ± its SE over splits, the paired t (df) and
+    its two-sided p-value (``scipy.stats.ttest_rel``), and what the ensemble is at ``level``."""
+    from .experiments.uci import paired_comparisons
+
+    rows = []
+    for r in paired_comparisons(records, level=level):
+        ok = np.isfinite(r["se"])
+        rows.append({
+            "dataset": r["dataset"], "metric": r["metric"].upper(), "ensemble": _label(r["ensemble"]),
+            "baseline": _label(r["baseline"]),
+            "splits": r["n"] if not r["dropped"] else f"{r['n']} ({r['dropped']} failed, left out)",
+            "ensemble − baseline": (f"{_sig(r['diff'])} ± {_sig(r['se'], 2)}" if ok else
+                                    (_sig(r["diff"]) if np.isfinite(r["diff"]) else "—")),
+            "t (df)": f"{r['t']:.2f} ({r['df']})" if ok else "—",
+            "p": f"{r['p']:.3g}" if np.isfinite(r["p"]) else "—",
+            "ensemble is": r["verdict"],
+        })
+    cols = ["dataset", "metric", "ensemble", "baseline", "splits", "ensemble − baseline", "t (df)", "p",
+            "ensemble is"]
+    return pd.DataFrame(rows, columns=cols).set_index(["dataset", "metric", "ensemble", "baseline"])
+
+
+def uci_ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per dataset and metric, the methods from best to worst (:func:`bootens_core.experiments.uci.ranking`):
+    on the splits all of them ran, each method's mean and its mean rank over those splits (1 = lowest error)."""
+    from .experiments.uci import ranking
+
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in ranking(records):
+        row = table.setdefault((r["dataset"], r["metric"].upper()), {"splits": r["splits"], "order": []})
+        row["order"].append(f"{_label(r['method'])} {_sig(r['mean'])} (rank {r['mean_rank']:.1f})")
+    index = pd.MultiIndex.from_tuples(list(table), names=["dataset", "metric"])
+    return pd.DataFrame({"common splits": [v["splits"] for v in table.values()],
+                         "best to worst: mean (mean rank)": [" · ".join(v["order"]) for v in table.values()]},
+                        index=index)
+
+
+def uci_claim(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> tuple[Verdict, pd.DataFrame]:
+    """The paper's comparative claim (bootstrap ensembles are competitive with MC dropout, SGHMC and the GP)
+    judged by the rule of :func:`bootens_core.experiments.uci.comparative_claim`, fixed before the records
+    were looked at: on each dataset × metric, the ensemble is *competitive* unless a paired t-test at
+    ``level`` finds it significantly worse than the best baseline on the common splits; the claim holds for
+    an ensemble competitive on more than half of its pairs. Returns the verdict (``supported``, ``partly
+    supported``, ``not supported`` or ``not tested``; evidence per ensemble; margin in noise units) and the
+    table of pairs."""
+    from .experiments.uci import comparative_claim
+
+    c = comparative_claim(records, level=level)
+    rows, evidence = [], []
+    for e, v in c["ensembles"].items():
+        worse = [p for p in v["pairs"] if not p["competitive"]]
+        evidence.append(
+            f"{_label(e)}: competitive on {v['competitive']} of {len(v['pairs'])} dataset × metric pairs "
+            f"(needs {v['needed']})" + ("; significantly worse on " + ", ".join(
+                f"{p['dataset']} {p['metric'].upper()} than {_label(p['baseline'])} ({_sig(p['diff'])} ± "
+                f"{_sig(p['se'], 2)}, p {p['p']:.3g})" for p in worse) if worse else ""))
+        for p in v["pairs"]:
+            rows.append({"ensemble": _label(e), "dataset": p["dataset"], "metric": p["metric"].upper(),
+                         "best baseline": _label(p["baseline"]), "splits": p["n"],
+                         "ensemble − best": f"{_sig(p['diff'])} ± {_sig(p['se'], 2)}", "p": f"{p['p']:.3g}",
+                         "competitive": "yes" if p["competitive"] else "no (significantly worse)"})
+    text = {"supported": "supported: the ensembles are competitive on most dataset × metric pairs",
+            "partly supported": "partly supported: one ensemble is competitive on most pairs, the other not",
+            "not supported": "NOT supported: significantly worse than the best baseline on half of the pairs "
+                             "or more",
+            "not tested": "not tested: no ensemble and baseline share splits"}[c["verdict"]]
+    cols = ["ensemble", "dataset", "metric", "best baseline", "splits", "ensemble − best", "p", "competitive"]
+    table = pd.DataFrame(rows, columns=cols).set_index(["ensemble", "dataset", "metric"])
+    return Verdict(text, "; ".join(evidence) or "no pair", c["margin"]), table
+
+
+_PM_NAME = {"SE": "SE", "SD": "SD", "unstated": "± not stated"}
+
+
+def uci_published(*ours: dict[str, Any]) -> pd.DataFrame:
+    """Published results of other papers on the same standard UCI splits (not ours, not the paper's:
+    :func:`bootens_core.experiments.uci.published_reference`), one column per source and method, rows per
+    dataset and metric (MNLL: a published test log-likelihood is shown negated, its ± unchanged). Each entry
+    carries its ± convention (``SE``, ``SD`` or ``± not stated``). With ``ours`` (summaries, e.g. of the
+    paper-scale records), our methods' mean ± SE (splits) follow in columns labelled ``ours:``."""
+    from .experiments.uci import published_reference
+
+    pub = published_reference()
+    datasets = list(dict.fromkeys(r["dataset"] for r in pub))
+    index = pd.MultiIndex.from_tuples([(d, m.upper()) for d in datasets for m in ("rmse", "mnll")],
+                                      names=["dataset", "metric"])
+    data: dict[str, list[str]] = {}
+    for label in dict.fromkeys(r["label"] for r in pub):
+        got = {(r["dataset"], r["metric"].upper()): r for r in pub if r["label"] == label}
+        data[label] = [
+            (f"{got[k]['mean']:.2f} ± {got[k]['pm']:.2f} ({_PM_NAME[got[k]['pm_convention']]})" if k in got
+             else "—") for k in index]
+    if ours:
+        mine = {(r["dataset"], r["metric"].upper(), r["method"], int(r["hidden_layers"])): r
+                for s in ours for r in s["rows"] if r["metric"] in ("rmse", "mnll")}
+        for meth, layers in UCI_TABLES23:
+            if not any(k[2:] == (meth, layers) for k in mine):
+                continue
+            data[f"ours: {_UCI_LABELS[(meth, layers)]}"] = [
+                (f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} ({r['n_splits']})"
+                 if (r := mine.get((d, m, meth, layers))) is not None and np.isfinite(r.get("se", np.nan))
+                 else ("not run" if r is None else _ours(r))) for d, m in index]
+    return pd.DataFrame(data, index=index)
+
+
+def uci_published_sources() -> pd.DataFrame:
+    """Where each published column of :func:`uci_published` was read: citation, address, what its ± is (SE,
+    SD or not stated), the number of splits and the conversion applied to its numbers."""
+    from .experiments.uci import published_reference
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in published_reference():
+        groups.setdefault(r["label"], []).append(r)
+    out = []
+    for label, rs in groups.items():
+        splits = {r["dataset"]: r["n_splits"] for r in rs}
+        usual = sorted({n for d, n in splits.items() if d != "protein"})
+        text = ", ".join(map(str, usual)) + (f" (Protein {splits['protein']})" if "protein" in splits else "")
+        conv = sorted({r["conversion"] for r in rs} - {"none"})
+        out.append({"published column": label, "source": rs[0]["citation"], "address": rs[0]["url"],
+                    "±": {"SE": "SE", "SD": "SD", "unstated": "not stated"}[rs[0]["pm_convention"]],
+                    "splits": text, "conversion": "; ".join(conv) or "none"})
+    return pd.DataFrame(out).set_index("published column")
 
 
 # ------------------------------------------------------------------------------------------ classification

@@ -28,9 +28,9 @@ def summary():
     p_rmse, p_std = ref[("boston", "ensemble", 1, "rmse")]
     cfg = UCIConfig(datasets=("boston", "yacht"), methods=("ensemble-1", "gp"))
     recs = _records({
-        # boston ensemble-1: RMSE exactly the paper's mean (within); MNLL far above (worse)
+        # boston ensemble-1: RMSE exactly the paper's mean (agrees); MNLL far above (worse)
         ("boston", "ensemble", 1): [(p_rmse, 50.0, 0.9), (p_rmse, 50.0, 0.96)],
-        # yacht gp: RMSE far below the paper's (better); MNLL not finite (failed)
+        # yacht gp: one split, so no test of the RMSE (too few splits); MNLL not finite (failed)
         ("yacht", "gp", 0): [(1e-3, float("nan"), 0.95)],
     })
     return uci.summarise(recs, cfg), p_rmse, p_std
@@ -42,24 +42,42 @@ def test_uci_table_layout_and_entries(summary):
     assert list(t.index) == ["boston (n=506)", "yacht (n=308)"]
     labels = list(dict.fromkeys(c[0] for c in t.columns))
     assert labels == ["Ensemble 1-layer", "Ensemble 4-layer", "MCD 4-layer", "SGHMC 1-layer"]
-    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "ours (splits)")] == f"{p_rmse:.2f} ± 0.00 (2)"
-    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "paper")] == f"{p_rmse:.2f} ± {p_std:.2f}"
-    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")] == "within, 1 diverged"
-    assert t.loc["boston (n=506)", ("Ensemble 4-layer", "ours (splits)")] == "not run"
-    assert t.loc["yacht (n=308)", ("MCD 4-layer", "ours (splits)")] == "not run"
-    assert t.loc["yacht (n=308)", ("SGHMC 1-layer", "ours (splits)")] == "not run"
+    # ours: mean ± SE (SD, splits); the paper: its mean ± SE = SD / sqrt(10) (its SD, its 10 splits)
+    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "ours")] == f"{p_rmse:.3g} ± 0 (SD 0, 2)"
+    se = p_std / np.sqrt(10)
+    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "paper")] == f"{p_rmse:.2f} ± {se:.2g} (SD {p_std:.2f}, 10)"
+    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")] == "agrees (p 1), 1 diverged"
+    assert t.loc["boston (n=506)", ("Ensemble 4-layer", "ours")] == "not run"
+    assert t.loc["yacht (n=308)", ("MCD 4-layer", "ours")] == "not run"
+    assert t.loc["yacht (n=308)", ("SGHMC 1-layer", "ours")] == "not run"
     full = report.uci_table(s, "mnll")
-    assert full.loc["yacht (n=308)", ("GP", "ours (splits)")].startswith("diverged")
+    assert full.loc["yacht (n=308)", ("GP", "ours")].startswith("diverged")
     assert full.loc["yacht (n=308)", ("GP", "verdict")] == "failed"
-    assert full.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")].startswith("worse")
+    assert full.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")].startswith("worse (p ")
+    assert report.uci_table(s, "rmse").loc["yacht (n=308)", ("GP", "verdict")] == "too few splits"
+    assert report.uci_table(s, "rmse").loc["yacht (n=308)", ("GP", "ours")] == "0.00100 (1)"
+
+
+def test_uci_table_prints_significant_digits():
+    # Naval's RMSE is about 0.001: two decimals would print 0.00
+    recs = _records({("naval", "ensemble", 1): [(0.00123, -5.6, 0.95), (0.00131, -5.5, 0.95), (0.00119, -5.7, 0.9)]})
+    s = uci.summarise(recs, UCIConfig(datasets=("naval",), methods=("ensemble-1",)))
+    t = report.uci_table(s, "rmse")
+    # mean 0.0012433, SD (ddof 1) 6.11e-5, SE 3.53e-5 (by hand)
+    assert t.loc["naval (n=11934)", ("Ensemble 1-layer", "ours")] == "0.00124 ± 0.000035 (SD 0.000061, 3)"
+    # the paper's 0.00 ± 0.00 is taken as SD 0.005 (half its last digit): SE 0.005 / sqrt(10)
+    assert t.loc["naval (n=11934)", ("Ensemble 1-layer", "paper")] == "0.00 ± 0.0016 (SD 0.00, 10)"
+    assert t.loc["naval (n=11934)", ("Ensemble 1-layer", "verdict")].startswith("agrees")
 
 
 def test_uci_verdict_counts(summary):
     s, *_ = summary
     v = report.uci_verdicts(s)
-    # boston ens-1: rmse within, mnll worse; yacht gp: rmse better, mnll failed; coverage is not counted
+    # boston ens-1: rmse agrees, mnll worse; yacht gp: rmse too few splits, mnll failed; coverage not counted
     assert str(v["agree"]) == "1 of 4"
-    assert str(v["counts"]).startswith("1 of 4 RMSE/MNLL cells within the paper's ±1 std, 1 better, 1 worse, 1 failed")
+    assert str(v["counts"]) == ("1 of 4 RMSE/MNLL cells agree with the paper's mean (two-sided test at 5%), "
+                                "0 better, 1 worse, 1 failed, 1 with too few splits; 1 differ at a family-wise "
+                                "5% (Holm); 1 diverged particles")
     # The checked form counts only what rounding cannot change: cells compared and cells that failed.
     assert str(v["computed"]) == "4 RMSE/MNLL cells compared with the paper, 1 failed"
 

@@ -41,6 +41,7 @@ cell store at home.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -49,7 +50,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -74,8 +75,21 @@ __all__ = [
     "expand_methods",
     "method",
     "paper_reference",
-    "verdict",
+    "LEVEL",
+    "METRICS",
+    "ENSEMBLE_IDS",
+    "BASELINE_IDS",
+    "compare_with_paper",
+    "holm",
+    "method_id",
+    "paired",
+    "paired_comparisons",
+    "ranking",
+    "comparative_claim",
+    "published_reference",
     "summarise",
+    "restate",
+    "result_cells",
     "cells_csv",
     "lbfgs_check",
     "sghmc_step_study",
@@ -110,6 +124,12 @@ Config = UCIConfig
 PAPER_METHODS = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
 # The paper prints two decimals: a published std of 0.00 means "below 0.005".
 _PRINT_RESOLUTION = 0.005
+# Two-sided level of every test of the UCI chapter (per test; holm() gives the family-wise count).
+LEVEL = 0.05
+METRICS = {"rmse": "test_rmse", "mnll": "test_mnll", "coverage95": "coverage95"}
+# The paper's ensembles and the baselines of its comparative claim, as method ids.
+ENSEMBLE_IDS = ("ensemble-1", "ensemble-4")
+BASELINE_IDS = ("mcd-1", "mcd-4", "sghmc-1", "gp")
 
 
 def _check(cfg: UCIConfig) -> None:
@@ -422,21 +442,47 @@ def record_cells(folder: str | Path) -> list[dict[str, Any]]:
     file is a one-line ``ValueError``."""
     table = Path(folder) / "cells.csv"
     try:
-        rows = list(csv.DictReader(io.StringIO(table.read_text())))
-    except (OSError, csv.Error, UnicodeDecodeError) as exc:
+        text = table.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{table}: cannot read the record's cells ({exc})") from exc
+    return _parse_cells(text, str(table))
+
+
+def result_cells(result: store.Result) -> list[dict[str, Any]]:
+    """The cells of a UCI result (its ``cells.csv``), as :func:`record_cells` reads them."""
+    return _parse_cells(result.files["cells.csv"], f"{result.name} result")
+
+
+def _parse_cells(text: str, where: str) -> list[dict[str, Any]]:
+    try:
+        rows = list(csv.DictReader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise ValueError(f"{where}: cannot read the record's cells ({exc})") from exc
     out = []
     for i, row in enumerate(rows, start=2):
         if set(harness.CELL_FIELDS) - set(row):
-            raise ValueError(f"{table}: not a cells.csv (needs the columns {', '.join(harness.CELL_FIELDS)})")
+            raise ValueError(f"{where}: not a cells.csv (needs the columns {', '.join(harness.CELL_FIELDS)})")
         try:
             rec: dict[str, Any] = dict(row)
             rec.update({k: int(row[k]) for k in _INT_FIELDS})
             rec.update({k: float(row[k]) for k in _FLOAT_FIELDS})
             cell_of(rec)
         except ValueError as exc:
-            raise ValueError(f"{table}, line {i}: {exc}") from exc
+            raise ValueError(f"{where}, line {i}: {exc}") from exc
         out.append(rec)
+    return out
+
+
+def restate(result: store.Result, level: float = LEVEL) -> dict[str, Any]:
+    """The summary of a stored UCI result recomputed from its ``cells.csv`` by the current rules
+    (:func:`summarise`): a committed record's ``summary.json`` keeps the verdicts of the code that wrote it.
+    The record's own keys that the cells cannot give (``cells_missing``, ``cells_kept``) are carried over."""
+    names = {f.name for f in dataclasses.fields(UCIConfig)}
+    cfg = UCIConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in result.config.items() if k in names})
+    out = summarise(result_cells(result), cfg, level)
+    for k in ("cells_missing", "cells_kept"):
+        if k in result.summary:
+            out[k] = result.summary[k]
     return out
 
 
@@ -503,50 +549,332 @@ def paper_reference() -> dict[tuple[str, str, int, str], tuple[float, float]]:
     }
 
 
-def verdict(mean: float, paper_mean: float, paper_std: float) -> str:
-    """``within`` the paper's mean +- 1 std (at least its print resolution 0.005), else ``better`` (lower:
-    RMSE and MNLL are both errors) or ``worse``; ``failed`` if our mean is not finite."""
-    if not math.isfinite(mean):
-        return "failed"
-    if abs(mean - paper_mean) <= max(paper_std, _PRINT_RESOLUTION):
-        return "within"
-    return "better" if mean < paper_mean else "worse"
+# ------------------------------------------------------------------------------------------------------------
+# Statistics: our means against the paper's, methods against each other on the same splits
 
 
-def summarise(records: list[dict[str, Any]], cfg: UCIConfig) -> dict[str, Any]:
-    """Rows of mean +- std over splits per dataset x method x metric, the paper's numbers and verdicts."""
+
+def _z_of_p(p: float) -> float:
+    """The normal quantile ``z`` with two-sided p-value ``p`` (``p = 2 (1 - Phi(z))``): a rerun moves it by
+    about one unit, whatever p is."""
+    from scipy import stats
+
+    return float(stats.norm.isf(min(max(float(p), 1e-300), 1.0) / 2.0))
+
+
+def _margin(p: float, level: float) -> float:
+    """Distance of a two-sided p-value from the level, in normal-quantile units."""
+    return abs(_z_of_p(p) - _z_of_p(level))
+
+
+def compare_with_paper(
+    values: Sequence[float], paper_mean: float, paper_sd: float, paper_n: int, level: float = LEVEL
+) -> dict[str, Any]:
+    """Our mean over splits against the paper's published mean: a two-sided Welch-type t-test at ``level``.
+
+    The paper reports "the average values ... plus/minus one standard deviation" over its splits (Appendix,
+    10 splits, 5 for Protein: ``paper_n``). Its standard error is ``SE_p = max(SD_p, 0.005) / sqrt(n_p)``: a
+    printed SD of 0.00 is below half a unit of the last printed digit, taken at that bound. Its mean is
+    printed to two decimals, a rounding error uniform on +-0.005 (standard deviation ``0.005 / sqrt(3)``),
+    added as a known variance. Ours: ``SE = SD / sqrt(n)`` with the sample SD (ddof 1) over our ``n``
+    splits. The statistic is ``t = (ours - paper) / sqrt(SE^2 + SE_p^2 + 0.005^2 / 3)`` with the
+    Welch-Satterthwaite degrees of freedom of the two split-level terms; ``p`` is two-sided.
+
+    ``verdict``: ``agrees`` when ``p >= level``, else ``better`` (our mean lower: RMSE and MNLL are errors)
+    or ``worse``; ``failed`` when a split's value is not finite; ``too few splits`` below 2 splits (no SD of
+    ours). ``margin``: distance of ``p`` from ``level`` in normal-quantile units (``|z(p) - z(level)|``).
+    """
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    n = int(v.size)
+    out: dict[str, Any] = {"n_splits": n, "paper_mean": float(paper_mean), "paper_std": float(paper_sd),
+                           "paper_n_splits": int(paper_n)}
+    sd_p = max(float(paper_sd), _PRINT_RESOLUTION)
+    se_p = sd_p / math.sqrt(paper_n)
+    out["paper_se"] = se_p
+    nan = float("nan")
+    if n == 0 or not np.all(np.isfinite(v)):
+        return {**out, "mean": float(np.mean(v)) if n else nan, "sd": nan, "se": nan, "diff": nan,
+                "se_diff": nan, "t": nan, "df": nan, "p": nan, "verdict": "failed", "margin": None}
+    mean = float(np.mean(v))
+    if n < 2:
+        return {**out, "mean": mean, "sd": nan, "se": nan, "diff": mean - paper_mean, "se_diff": nan, "t": nan,
+                "df": nan, "p": nan, "verdict": "too few splits", "margin": None}
+    sd = float(np.std(v, ddof=1))
+    se = sd / math.sqrt(n)
+    var = se**2 + se_p**2 + _PRINT_RESOLUTION**2 / 3.0
+    den = se**4 / (n - 1) + se_p**4 / (paper_n - 1)
+    df = var**2 / den if den > 0 else math.inf
+    diff = mean - float(paper_mean)
+    t = diff / math.sqrt(var)
+    p = float(2.0 * stats.t.sf(abs(t), df))
+    verdict = "agrees" if p >= level else ("better" if diff < 0 else "worse")
+    return {**out, "mean": mean, "sd": sd, "se": se, "diff": diff, "se_diff": math.sqrt(var), "t": t, "df": df,
+            "p": p, "verdict": verdict, "margin": _margin(p, level)}
+
+
+def holm(pvalues: Sequence[float], level: float = LEVEL) -> list[bool]:
+    """Holm's step-down rejections at family-wise ``level``: sorted p-values ``p_(i)`` (i = 1..m) are rejected
+    while ``p_(i) <= level / (m - i + 1)``; non-finite p-values are never rejected and not counted in m."""
+    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
+    m = len(idx)
+    reject = [False] * len(pvalues)
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        if pvalues[i] > level / (m - rank):
+            break
+        reject[i] = True
+    return reject
+
+
+def method_id(record: Mapping[str, Any]) -> str:
+    """The method id of a cell record or a summary row (``ensemble`` with 4 hidden layers is ``ensemble-4``,
+    the GP is ``gp``)."""
+    family, layers = str(record["method"]), int(record["hidden_layers"])
+    return family if family == "gp" else f"{family}-{layers}"
+
+
+def _split_values(records: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple[str, str], dict[int, float]]:
+    """(dataset, method id) -> split -> value of ``metric``; a (dataset, split, method) twice is an error."""
+    col = METRICS[metric]
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for r in records:
+        cell = out.setdefault((str(r["dataset"]), method_id(r)), {})
+        s = int(r["split"])
+        if s in cell:
+            raise ValueError(f"cell {r['dataset']}/{method_id(r)}/split-{s} appears twice in the records")
+        cell[s] = float(r[col])
+    return out
+
+
+def paired(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
+    """Paired comparison of ``a`` and ``b`` on the same splits (two-sided paired t-test at ``level``, as
+    ``scipy.stats.ttest_rel``): the mean of ``d = a - b``, its standard error ``SD(d) / sqrt(n)`` (ddof 1),
+    ``t``, ``df = n - 1``, ``p``; ``verdict`` ``better`` (a lower) / ``worse`` / ``no significant difference``,
+    ``too few splits`` below 2 pairs. ``z``: the signed normal quantile of ``p`` (positive when a is higher),
+    ``margin``: ``|z(p) - z(level)|``. All differences equal: ``p`` is 1 if they are 0, else 0."""
+    from scipy import stats
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = int(d.size)
+    nan = float("nan")
+    base = {"n": n, "mean_a": float(np.mean(a)) if n else nan, "mean_b": float(np.mean(b)) if n else nan,
+            "diff": float(np.mean(d)) if n else nan}
+    if n < 2:
+        return {**base, "se": nan, "t": nan, "df": nan, "p": nan, "z": nan, "verdict": "too few splits",
+                "margin": None}
+    mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
+    se = sd / math.sqrt(n)
+    if se > 0:
+        t = mean / se
+        p = float(2.0 * stats.t.sf(abs(t), n - 1))
+    else:
+        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+    z = math.copysign(_z_of_p(p), mean) if mean != 0 else 0.0
+    verdict = "no significant difference" if p >= level else ("better" if mean < 0 else "worse")
+    return {**base, "se": se, "t": t, "df": n - 1, "p": p, "z": z, "verdict": verdict, "margin": _margin(p, level)}
+
+
+def paired_comparisons(
+    records: Sequence[Mapping[str, Any]],
+    ensembles: Sequence[str] = ENSEMBLE_IDS,
+    baselines: Sequence[str] = BASELINE_IDS,
+    metrics: Sequence[str] = ("rmse", "mnll"),
+    level: float = LEVEL,
+) -> list[dict[str, Any]]:
+    """Each ensemble against each baseline on the splits both ran, per dataset and metric (:func:`paired`).
+
+    ``records``: cell records (``cells.csv`` rows, :func:`record_cells`, :func:`result_cells`). A split whose
+    value is not finite on either side (a failed fit) is left out of the pair and counted in ``dropped``.
+    Rows: dataset, ensemble, baseline, metric, ``splits`` (the common splits used) and :func:`paired`'s fields
+    with ``a`` the ensemble (``diff`` = ensemble - baseline; ``better`` = lower error for the ensemble).
+    """
+    rows = []
+    for metric in metrics:
+        vals = _split_values(records, metric)
+        datasets = list(dict.fromkeys(d for d, _ in vals))
+        for ds in datasets:
+            for e in ensembles:
+                for b in baselines:
+                    if (ds, e) not in vals or (ds, b) not in vals:
+                        continue
+                    ve, vb = vals[(ds, e)], vals[(ds, b)]
+                    common = sorted(set(ve) & set(vb))
+                    ok = [s for s in common if math.isfinite(ve[s]) and math.isfinite(vb[s])]
+                    res = paired([ve[s] for s in ok], [vb[s] for s in ok], level)
+                    rows.append({"dataset": ds, "ensemble": e, "baseline": b, "metric": metric, "splits": ok,
+                                 "dropped": len(common) - len(ok), **res})
+    return rows
+
+
+def ranking(
+    records: Sequence[Mapping[str, Any]], metrics: Sequence[str] = ("rmse", "mnll")
+) -> list[dict[str, Any]]:
+    """Per dataset and metric with at least two methods, the methods ordered on the splits that all of them ran
+    with finite values:
+    ``mean`` over those splits and ``mean_rank`` (the average over those splits of the method's rank among
+    the methods, 1 = lowest error, ties sharing the average rank). Order: by mean rank, then by mean.
+    Rows: dataset, metric, position (1 = first), method, splits (how many common splits), mean, mean_rank."""
+    from scipy import stats
+
+    rows = []
+    for metric in metrics:
+        vals = _split_values(records, metric)
+        for ds in dict.fromkeys(d for d, _ in vals):
+            ids = [m for (d, m) in vals if d == ds]
+            if len(ids) < 2:
+                continue
+            common = sorted(set.intersection(*(set(vals[(ds, m)]) for m in ids)))
+            common = [s for s in common if all(math.isfinite(vals[(ds, m)][s]) for m in ids)]
+            if not common:
+                continue
+            table = np.array([[vals[(ds, m)][s] for m in ids] for s in common])
+            ranks = stats.rankdata(table, axis=1)
+            order = sorted(range(len(ids)), key=lambda j: (ranks[:, j].mean(), table[:, j].mean()))
+            for pos, j in enumerate(order, start=1):
+                rows.append({"dataset": ds, "metric": metric, "position": pos, "method": ids[j],
+                             "splits": len(common), "mean": float(table[:, j].mean()),
+                             "mean_rank": float(ranks[:, j].mean())})
+    return rows
+
+
+def comparative_claim(
+    records: Sequence[Mapping[str, Any]],
+    ensembles: Sequence[str] = ENSEMBLE_IDS,
+    baselines: Sequence[str] = BASELINE_IDS,
+    metrics: Sequence[str] = ("rmse", "mnll"),
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """The paper's comparative claim -- bootstrap ensembles are competitive with MC dropout, SGHMC and the GP
+    (Introduction and Appendix: "either competitive to other methods or better") -- judged on ``records``.
+
+    The rule, fixed before any record was looked at:
+
+    1. A *pair* is a dataset x metric (RMSE, MNLL) on which an ensemble and at least one baseline ran at least
+       2 common splits with finite values.
+    2. The *best baseline* of a pair is the baseline with the lowest mean over the splits it shares with the
+       ensemble (choosing the strongest opponent after the fact works against the ensemble).
+    3. The ensemble is *competitive* on the pair unless a two-sided paired t-test (:func:`paired`, on the
+       common splits, at ``level`` = 5%) finds it significantly worse than the best baseline.
+    4. The claim *holds* for an ensemble (1 or 4 hidden layers, each judged apart) when it is competitive on
+       more than half of its pairs. Overall: ``supported`` when it holds for every ensemble with pairs,
+       ``partly supported`` when for some, ``not supported`` when for none, ``not tested`` without any pair.
+
+    Margin (noise units): a pair's is ``|z - z(level)|`` with ``z`` the signed normal quantile of its p-value
+    (positive when the ensemble is worse); an ensemble's is the smallest distance at which enough pairs would
+    flip to change its outcome (the j-th smallest pair margin on the deciding side, j the number of pairs that
+    must flip); the overall one is the smallest of the ensembles'.
+
+    Returns ``{"verdict", "margin", "ensembles": {id: {"pairs", "competitive", "needed", "holds",
+    "margin"}}}``, each pair with dataset, metric, best baseline, splits and :func:`paired`'s fields.
+    """
+    zc = _z_of_p(level)
+    per: dict[str, dict[str, Any]] = {}
+    vals_by_metric = {m: _split_values(records, m) for m in metrics}
+    for e in ensembles:
+        pairs = []
+        for metric in metrics:
+            vals = vals_by_metric[metric]
+            for ds in dict.fromkeys(d for d, _ in vals):
+                if (ds, e) not in vals:
+                    continue
+                ve = vals[(ds, e)]
+                best = None
+                for b in baselines:
+                    if (ds, b) not in vals:
+                        continue
+                    vb = vals[(ds, b)]
+                    ok = [s for s in sorted(set(ve) & set(vb)) if math.isfinite(ve[s]) and math.isfinite(vb[s])]
+                    if len(ok) < 2:
+                        continue
+                    mb = float(np.mean([vb[s] for s in ok]))
+                    if best is None or mb < best[1]:
+                        best = (b, mb, ok)
+                if best is None:
+                    continue
+                b, _, ok = best
+                res = paired([ve[s] for s in ok], [vals[(ds, b)][s] for s in ok], level)
+                competitive = res["verdict"] != "worse"
+                pairs.append({"dataset": ds, "metric": metric, "baseline": b, "splits": ok, **res,
+                              "competitive": competitive, "pair_margin": abs(res["z"] - zc)})
+        if not pairs:
+            continue
+        k, n = sum(p["competitive"] for p in pairs), len(pairs)
+        needed = n // 2 + 1
+        holds = k >= needed
+        side = sorted(p["pair_margin"] for p in pairs if p["competitive"] == holds)
+        flips = (k - needed + 1) if holds else (needed - k)
+        margin = side[flips - 1] if flips <= len(side) else None
+        per[e] = {"pairs": pairs, "competitive": k, "needed": needed, "holds": holds, "margin": margin}
+    if not per:
+        return {"verdict": "not tested", "margin": None, "ensembles": per}
+    held = [v["holds"] for v in per.values()]
+    verdict = "supported" if all(held) else ("not supported" if not any(held) else "partly supported")
+    margins = [v["margin"] for v in per.values()]
+    margin = None if any(m is None for m in margins) else min(margins)
+    return {"verdict": verdict, "margin": margin, "ensembles": per}
+
+
+def published_reference() -> list[dict[str, Any]]:
+    """Published UCI results of other papers on the same standard splits (not ours, not the paper's):
+    ``bootens_core/data/published_uci.csv``, one row per source x method x dataset x metric, with the ± as
+    printed and its convention (``SE``, ``SD`` or ``unstated``), the number of splits, the conversion applied
+    (a test log-likelihood LL is stored as MNLL = -LL; the ± is unchanged) and where the number was read."""
+    text = resources.files("bootens_core.data").joinpath("published_uci.csv").read_text()
+    rows = []
+    for r in csv.DictReader(io.StringIO(text)):
+        rows.append({**r, "mean": float(r["mean"]), "pm": float(r["pm"]), "n_splits": int(r["n_splits"])})
+    return rows
+
+
+def summarise(records: list[dict[str, Any]], cfg: UCIConfig, level: float = LEVEL) -> dict[str, Any]:
+    """Rows of mean, SD and SE over splits per dataset x method x metric, the paper's numbers and the test of
+    :func:`compare_with_paper` (its fields in the row); ``std`` is the population SD (ddof 0, as Gal's
+    scripts print it), ``sd`` the sample SD (ddof 1) behind ``se``. Counts of verdicts over the RMSE and MNLL
+    cells the paper has, and ``cells_differ_holm``: how many of them differ from the paper at family-wise
+    ``level`` (Holm's step-down over those cells' p-values)."""
     ref = paper_reference()
     rows = []
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["dataset"], r["method"], int(r["hidden_layers"])), []).append(r)
     for (ds, meth, layers), recs in groups.items():
-        for metric, col in (("rmse", "test_rmse"), ("mnll", "test_mnll"), ("coverage95", "coverage95")):
+        for metric, col in METRICS.items():
             vals = np.asarray([float(r[col]) for r in recs])
             mean, std = float(np.mean(vals)), float(np.std(vals))  # std over splits, ddof=0 as Gal's code
             pm = ref.get((ds, meth, layers, metric))
-            rows.append({
-                "dataset": ds, "method": meth, "hidden_layers": layers, "metric": metric, "mean": mean,
-                "std": std, "n_splits": len(recs), "paper_mean": pm[0] if pm else None,
-                "paper_std": pm[1] if pm else None,
-                "verdict": verdict(mean, *pm) if pm else "not in the paper",
-                "diverged_particles": int(sum(int(r["diverged_particles"]) for r in recs)),
-            })
+            row = {"dataset": ds, "method": meth, "hidden_layers": layers, "metric": metric, "mean": mean,
+                   "std": std, "n_splits": len(recs),
+                   "diverged_particles": int(sum(int(r["diverged_particles"]) for r in recs))}
+            if pm is not None:
+                row.update(compare_with_paper(vals, pm[0], pm[1], uci.PAPER_SPLITS[ds], level))
+                row["mean"] = mean  # the plain mean, also where a split failed
+            else:
+                sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+                row.update({"sd": sd, "se": sd / math.sqrt(len(vals)), "paper_mean": None, "paper_std": None,
+                            "verdict": "not in the paper"})
+            rows.append(row)
     compared = [r for r in rows if r["paper_mean"] is not None]
+    differ = holm([r["p"] for r in compared], level)
     return {
         "rows": rows,
         "cells_total": len(compared),
-        "cells_within_1sd": sum(r["verdict"] == "within" for r in compared),
+        "cells_agree": sum(r["verdict"] == "agrees" for r in compared),
         "cells_better": sum(r["verdict"] == "better" for r in compared),
         "cells_worse": sum(r["verdict"] == "worse" for r in compared),
         "cells_failed": sum(r["verdict"] == "failed" for r in compared),
+        "cells_too_few": sum(r["verdict"] == "too few splits" for r in compared),
+        "cells_differ_holm": int(sum(differ)),
         "n_cells": len(records),
         "datasets": list(cfg.datasets),
         "methods": list(cfg.methods),
         "n_particles": cfg.n_particles,
         "diverged_particles_total": int(sum(int(r["diverged_particles"]) for r in records)),
         "wall_s_cells_total": float(sum(float(r["wall_s"]) for r in records)),
-        "verdict_rule": "within: |ours - paper| <= max(paper std, 0.005); else better (lower) or worse",
+        "level": level,
+        "verdict_rule": (f"Welch-type t-test of our mean over splits against the paper's (SE = SD / sqrt(n) on "
+                         f"both sides, the paper's SD at least 0.005 and its printed mean +-0.005), two-sided at "
+                         f"{level:g}: agrees, else better (lower) or worse"),
     }
 
 

@@ -61,33 +61,26 @@ def test_paper_reference_is_the_shared_copy():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# verdict
+# verdict against the paper (the statistics themselves: tests/test_uci_stats.py)
 
 
 @pytest.mark.parametrize(
-    ("mean", "paper_mean", "paper_std", "expected"),
+    ("values", "paper_mean", "paper_std", "expected"),
     [
-        (3.5, 3.17, 0.65, "within"),
-        (2.6, 3.17, 0.65, "within"),
-        (1.5, 1.0, 0.5, "within"),  # on the boundary |d| = std (exact in binary)
-        (0.5, 1.0, 0.5, "within"),
-        (2.0, 3.17, 0.65, "better"),
-        (4.0, 3.17, 0.65, "worse"),
-        (-3.0, -1.0, 1.5, "better"),  # MNLL can be negative; lower is better
-        # the paper prints two decimals: a std below 0.005 means "within 0.005"
-        (0.004, 0.0, 0.0, "within"),
-        (-0.004, 0.0, 0.0, "within"),
-        (0.006, 0.0, 0.0, "worse"),
-        (-0.006, 0.0, 0.0, "better"),
-        (0.0145, 0.01, 0.003, "within"),
-        (0.016, 0.01, 0.003, "worse"),
-        (math.nan, 1.0, 0.1, "failed"),
-        (math.inf, 1.0, 0.1, "failed"),
-        (-math.inf, 1.0, 0.1, "failed"),
+        ([3.5, 3.4, 3.6, 3.3], 3.17, 0.65, "agrees"),  # 0.28 above, SE of the difference 0.23
+        ([2.0, 2.1, 1.9, 2.05], 3.17, 0.65, "better"),  # 1.16 below: 5.6 SE
+        ([4.5, 4.4, 4.6, 4.5], 3.17, 0.65, "worse"),
+        ([-3.0, -3.1, -2.9], -1.0, 0.5, "better"),  # MNLL can be negative; lower is better
+        ([0.23, 0.21, 0.25, 0.22, 0.24], 3.82, 4.44, "better"),  # inside the paper's ±1 std, yet 2.6 SE away
+        ([0.002, 0.003, 0.001], 0.0, 0.0, "agrees"),  # Naval: 0.00 ± 0.00 printed
+        ([0.02, 0.021, 0.019], 0.0, 0.0, "worse"),
+        ([1.0, math.nan], 1.0, 0.1, "failed"),
+        ([1.0, math.inf], 1.0, 0.1, "failed"),
+        ([1.0], 1.0, 0.1, "too few splits"),
     ],
 )
-def test_verdict(mean, paper_mean, paper_std, expected):
-    assert experiment.verdict(mean, paper_mean, paper_std) == expected
+def test_compare_with_paper_verdicts(values, paper_mean, paper_std, expected):
+    assert experiment.compare_with_paper(values, paper_mean, paper_std, 10)["verdict"] == expected
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -106,15 +99,15 @@ def test_summarise_hand_made_records():
     (yr, yrs), (ym, yms) = ref[("yacht", "gp", 0, "rmse")], ref[("yacht", "gp", 0, "mnll")]
     wm, _ = ref[("wine", "ensemble", 4, "mnll")]
     groups = {
-        # within on both metrics: means at the paper's mean + 0.3 std
+        # agrees on both metrics: means at the paper's mean + 0.3 std
         ("boston", "ensemble", 1): _records("boston", "ensemble", 1, [br + 0.3 * brs + d for d in (-0.2, 0.0, 0.2)],
                                             [bm + 0.3 * bms + d for d in (-0.05, 0.1, -0.05)], [0.9, 0.95, 1.0], 1),
-        # worse RMSE, better MNLL
-        ("yacht", "gp", 0): _records("yacht", "gp", 0, [yr + 3 * yrs + 0.1, yr + 3 * yrs + 0.3],
-                                     [ym - 3 * yms - 0.2, ym - 3 * yms], [0.5, 0.75], 2),
+        # worse RMSE, better MNLL: 3 paper SDs away with a small spread of ours
+        ("yacht", "gp", 0): _records("yacht", "gp", 0, [yr + 3 * yrs + 0.1, yr + 3 * yrs + 0.12],
+                                     [ym - 3 * yms - 0.2, ym - 3 * yms - 0.22], [0.5, 0.75], 2),
         # not in the paper: no 2-layer networks
         ("boston", "ensemble", 2): _records("boston", "ensemble", 2, [1.0, 2.0], [3.0, 4.0], [1.0, 1.0]),
-        # a failed RMSE, a within MNLL
+        # a failed RMSE, an MNLL that agrees
         ("wine", "ensemble", 4): _records("wine", "ensemble", 4, [0.6, math.nan], [wm, wm], [0.9, 0.9]),
     }
     records = [r for recs in groups.values() for r in recs]
@@ -134,19 +127,27 @@ def test_summarise_hand_made_records():
                 continue
             assert row["mean"] == pytest.approx(statistics.fmean(vals), rel=1e-12)
             assert row["std"] == pytest.approx(statistics.pstdev(vals), rel=1e-9, abs=1e-15)  # ddof = 0
+            assert row["sd"] == pytest.approx(statistics.stdev(vals), rel=1e-9, abs=1e-15)  # ddof = 1
+            assert row["se"] == pytest.approx(statistics.stdev(vals) / math.sqrt(len(vals)), rel=1e-9, abs=1e-15)
             if metric == "coverage95" or key == ("boston", "ensemble", 2):
                 assert row["paper_mean"] is None and row["paper_std"] is None
                 assert row["verdict"] == "not in the paper"
             else:
                 assert (row["paper_mean"], row["paper_std"]) == ref[(*key, metric)]
+                assert row["paper_n_splits"] == 10
+                assert row == {**row, **experiment.compare_with_paper(vals, *ref[(*key, metric)], 10),
+                               "mean": row["mean"]}
     verdicts = {k: r["verdict"] for k, r in rows.items() if r["paper_mean"] is not None}
     assert verdicts == {
-        ("boston", "ensemble", 1, "rmse"): "within", ("boston", "ensemble", 1, "mnll"): "within",
+        ("boston", "ensemble", 1, "rmse"): "agrees", ("boston", "ensemble", 1, "mnll"): "agrees",
         ("yacht", "gp", 0, "rmse"): "worse", ("yacht", "gp", 0, "mnll"): "better",
-        ("wine", "ensemble", 4, "rmse"): "failed", ("wine", "ensemble", 4, "mnll"): "within",
+        ("wine", "ensemble", 4, "rmse"): "failed", ("wine", "ensemble", 4, "mnll"): "agrees",
     }
-    assert (s["cells_total"], s["cells_within_1sd"], s["cells_better"], s["cells_worse"], s["cells_failed"]) == (
+    assert (s["cells_total"], s["cells_agree"], s["cells_better"], s["cells_worse"], s["cells_failed"]) == (
         6, 3, 1, 1, 1)
+    assert s["cells_too_few"] == 0 and s["level"] == 0.05
+    ps = [r["p"] for r in rows.values() if r["paper_mean"] is not None]
+    assert s["cells_differ_holm"] == sum(experiment.holm(ps))
     assert s["n_cells"] == len(records) == 9
     assert s["diverged_particles_total"] == 3 * 1 + 2 * 2
     assert s["wall_s_cells_total"] == pytest.approx(1.5 * 9)
@@ -262,7 +263,7 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
     assert cli.main([*ARGV, "--out", str(out)]) == 0
 
     summary = json.loads((out / "uci" / "summary.json").read_text())
-    for k in ("rows", "cells_total", "cells_within_1sd", "cells_better", "cells_worse"):
+    for k in ("rows", "cells_total", "cells_agree", "cells_better", "cells_worse", "cells_too_few"):
         assert k in summary
     rows = summary["rows"]
     assert {r["metric"] for r in rows} == {"rmse", "mnll", "coverage95"}
@@ -271,8 +272,8 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
         assert (r["dataset"], r["method"], r["hidden_layers"], r["n_splits"]) == ("yacht", "ensemble", 1, 1)
         assert r["std"] == 0.0  # one split
     assert summary["cells_total"] == 2  # rmse and mnll are in the paper; coverage is not
-    assert (summary["cells_within_1sd"] + summary["cells_better"] + summary["cells_worse"]
-            + summary["cells_failed"]) == 2
+    assert (summary["cells_agree"] + summary["cells_better"] + summary["cells_worse"]
+            + summary["cells_failed"] + summary["cells_too_few"]) == 2
 
     cells = list(csv.DictReader(io.StringIO((out / "uci" / "cells.csv").read_text())))
     assert len(cells) == 1 and list(cells[0]) == list(CELL_FIELDS)
