@@ -29,6 +29,7 @@ __all__ = [
     "deep_relu_stages",
     "deep_relu_agreement",
     "deep_relu_faithful",
+    "deep_relu_along",
     "theory_linear",
     "theory_conditions",
     "bench_throughput",
@@ -306,6 +307,27 @@ def deep_relu_agreement(result: Result) -> Figure:
     ax1.set_yscale("log")
     ax1.set_xlabel("x (grey: data)")
     ax1.set_ylabel("sd ensemble / sd NUTS")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def deep_relu_along(result: Result, limit: float = 2.0) -> Figure:
+    """The ensemble's distance from the NUTS reference along the optimisation, in units of the reference's
+    own half-vs-half noise: the mean difference and |log sd ratio|; ``limit`` is the rule's threshold
+    (``report.DEEP_RELU_T``)."""
+    s = result.summary
+    steps = np.asarray(s["agreement_steps"])
+    mad = np.asarray(s["mean_abs_diff_mean_along"]) / s["reference_noise_mad"]
+    lsd = np.abs(np.log(np.asarray(s["sd_ratio_median_along"]))) / s["reference_noise_log_sd"]
+    fig, ax = plt.subplots(figsize=(5.2, 2.8))
+    ax.plot(steps, mad, "o-", ms=3, color=COLORS["particles"], label="mean |Δmean| / sd")
+    ax.plot(steps, lsd, "s-", ms=3, color=COLORS["paper"], label="|log sd ratio|")
+    ax.axhline(limit, color="black", ls=":", lw=1, label=f"rule's limit ({limit:g} units)")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimisation step")
+    ax.set_ylabel("in half-vs-half noise units")
+    ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
 

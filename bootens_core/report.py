@@ -23,6 +23,7 @@ __all__ = [
     "linear_verdicts",
     "toy_relu_verdicts",
     "deep_relu_verdicts",
+    "deep_relu_along",
     "theory_verdicts",
     "bench_table",
     "bench_verdicts",
@@ -301,23 +302,77 @@ def toy_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
     return {k: out[k] for k in first + [k for k in out if k not in first]}
 
 
+# Figure 3's rule: a statistic agrees with the reference when it is within DEEP_RELU_T of the reference's
+# own half-vs-half noise units; the reference counts as converged below DEEP_RELU_RHAT.
+DEEP_RELU_T = 2.0
+DEEP_RELU_RHAT = 1.1
+
+
+def _deep_relu_agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
+    """Two-sided agreement of one step with the reference: (agrees, margin, evidence)."""
+    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    ls = abs(float(np.log(sd_ratio)))
+    ok, margin = _all_pass([(mad <= DEEP_RELU_T * um, _dist(mad, DEEP_RELU_T * um, um)),
+                            (ls <= DEEP_RELU_T * us, _dist(ls, DEEP_RELU_T * us, us))])
+    ev = (f"mean |Δmean|/sd {mad:.3g} against {DEEP_RELU_T:g} × {um:.3g}; |log sd ratio| {ls:.3g} "
+          f"(ratio {sd_ratio:.3g}) against {DEEP_RELU_T:g} × {us:.3g}")
+    return ok, margin, ev
+
+
 def deep_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
     """Verdicts of the deep-ReLU chapter (Figure 3).
 
-    ``reference``: the NUTS reference is converged when its predictive R-hat is below 1.1 everywhere on the
-    grid. ``agreement``: the paper's claim that the particles "reasonably approximate" the MCMC result, read as:
-    the ensemble's 95% band covers at least 80% of the reference's and the predictive sd is within a factor 2
-    of the reference's at the median x (rules fixed before the runs). No noise scale is known for these
-    statistics (the reference is a single run), so the margins are ``None``.
+    ``reference``: the NUTS reference is converged when its largest predictive R-hat on the grid is below
+    ``DEEP_RELU_RHAT`` (1.1). ``agreement`` (final step) and ``along`` (every recorded step): the paper's
+    claim that the particles "reasonably approximate" the MCMC result, judged two-sided against the
+    reference's own noise (``experiments.deep_relu.reference_noise``: half the chains against the other
+    half): the mean difference ``mean |Δmean|/sd`` must be at most ``DEEP_RELU_T`` (2) times the
+    half-vs-half value, and ``|log sd ratio|`` (too wide and too narrow alike) at most 2 times the
+    half-vs-half root mean square. Margins are in those noise units. With a reference that is not converged
+    no agreement can be judged: both are "inconclusive" (the evidence says what the rule alone gives).
     """
-    ref = "converged" if s["rhat_max"] < 1.1 else "NOT converged (max R-hat above 1.1)"
-    ok = s["band_coverage"] >= 0.8 and 0.5 <= s["sd_ratio_median"] <= 2.0
-    return {
-        "reference": Verdict(ref, f"largest predictive R-hat {s['rhat_max']:.3f} (limit 1.1)"),
-        "agreement": Verdict("reproduced" if ok else "NOT reproduced",
-                             f"band coverage {s['band_coverage']:.3f} (limit 0.8); median sd ratio "
-                             f"{s['sd_ratio_median']:.3f} (limits 0.5 and 2)"),
-    }
+    converged = s["rhat_max"] < DEEP_RELU_RHAT
+    ref = "converged" if converged else f"NOT converged (max R-hat above {DEEP_RELU_RHAT:g})"
+    out = {"reference": Verdict(ref, f"largest predictive R-hat {s['rhat_max']:.3f} (limit {DEEP_RELU_RHAT:g})")}
+    ok, margin, ev = _deep_relu_agrees(s["mean_abs_diff_mean"], s["sd_ratio_median"], s)
+    rule = "agrees" if ok else "differs"
+    if converged:
+        out["agreement"] = Verdict("reproduced" if ok else "NOT reproduced", ev, margin)
+    else:
+        out["agreement"] = Verdict("inconclusive (reference not converged)",
+                                   f"the rule alone: {rule} ({ev})")
+    if "agreement_steps" in s:
+        steps = s["agreement_steps"]
+        res = [_deep_relu_agrees(m, r, s) for m, r in
+               zip(s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"], strict=True)]
+        agree_at = [t for t, (o, _, _) in zip(steps, res, strict=True) if o]
+        if not agree_at:
+            text = "agrees at no recorded step"
+        elif len(agree_at) == len(steps):
+            text = "agrees at every recorded step"
+        else:
+            text = f"agrees at {len(agree_at)} of {len(steps)} recorded steps"
+        margins = [m for _, m, _ in res]
+        margin = None if any(m is None for m in margins) else min(margins)
+        ev = (f"agrees at steps {', '.join(map(str, agree_at)) or 'none'} of {steps[0]}-{steps[-1]} "
+              f"(every {steps[1] - steps[0] if len(steps) > 1 else 0})")
+        out["along"] = (Verdict(text, ev, margin) if converged else
+                        Verdict("inconclusive (reference not converged)", f"the rule alone: {text}; {ev}"))
+    return out
+
+
+def deep_relu_along(s: dict[str, Any]) -> pd.DataFrame:
+    """The ensemble against the reference at every recorded optimisation step: the two statistics of the
+    rule (``deep_relu_verdicts``) in the reference's half-vs-half noise units, and what the rule says."""
+    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    rows = []
+    for t, m, r in zip(s["agreement_steps"], s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"],
+                       strict=True):
+        ok, _, _ = _deep_relu_agrees(m, r, s)
+        rows.append({"step": t, "mean |Δmean| / sd": m, "in noise units": m / um, "median sd ratio": r,
+                     "|log sd ratio| in noise units": abs(np.log(r)) / us,
+                     "rule": "agrees" if ok else "differs"})
+    return pd.DataFrame(rows).set_index("step")
 
 
 def theory_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:

@@ -199,13 +199,48 @@ def test_toy_relu_posterior_verdict_uses_the_histogram_floor():
     assert str(close["posterior"]) == "the exact posterior"
 
 
+def _deep(**kw):
+    s = {"rhat_max": 1.05, "mean_abs_diff_mean": 0.2, "sd_ratio_median": 1.1, "reference_noise_mad": 0.15,
+         "reference_noise_log_sd": 0.1, "agreement_steps": [0, 100, 200],
+         "mean_abs_diff_mean_along": [1.0, 0.2, 0.2], "sd_ratio_median_along": [3.0, 1.1, 1.1]}
+    return {**s, **kw}
+
+
 def test_deep_relu_verdicts_follow_their_rules():
-    ok = {"rhat_max": 1.05, "band_coverage": 0.9, "sd_ratio_median": 1.3}
-    assert {k: str(v) for k, v in report.deep_relu_verdicts(ok).items()} == {
-        "reference": "converged", "agreement": "reproduced"}
-    assert str(report.deep_relu_verdicts({**ok, "rhat_max": 1.2})["reference"]).startswith("NOT")
-    assert str(report.deep_relu_verdicts({**ok, "sd_ratio_median": 2.5})["agreement"]).startswith("NOT")
-    assert str(report.deep_relu_verdicts({**ok, "band_coverage": 0.7})["agreement"]).startswith("NOT")
+    v = report.deep_relu_verdicts(_deep())
+    assert {k: str(x) for k, x in v.items()} == {
+        "reference": "converged", "agreement": "reproduced", "along": "agrees at 2 of 3 recorded steps"}
+    # Margin by hand: mean |Δmean| is (0.3 - 0.2) / 0.15 units inside its limit 2 x 0.15, |log 1.1| is
+    # (0.2 - log 1.1) / 0.1 units inside 2 x 0.1; the closer one decides.
+    assert v["agreement"].margin == pytest.approx(min(0.1 / 0.15, (0.2 - np.log(1.1)) / 0.1))
+    assert str(report.deep_relu_verdicts(_deep(rhat_max=1.2))["reference"]).startswith("NOT")
+    # Two-sided: too wide and too narrow both fail.
+    assert str(report.deep_relu_verdicts(_deep(sd_ratio_median=1.3))["agreement"]) == "NOT reproduced"
+    assert str(report.deep_relu_verdicts(_deep(sd_ratio_median=1 / 1.3))["agreement"]) == "NOT reproduced"
+    assert str(report.deep_relu_verdicts(_deep(mean_abs_diff_mean=0.31))["agreement"]) == "NOT reproduced"
+    every = _deep(mean_abs_diff_mean_along=[0.1] * 3, sd_ratio_median_along=[1.0] * 3)
+    assert str(report.deep_relu_verdicts(every)["along"]) == "agrees at every recorded step"
+    none = _deep(mean_abs_diff_mean_along=[1.0] * 3)
+    assert str(report.deep_relu_verdicts(none)["along"]) == "agrees at no recorded step"
+
+
+def test_deep_relu_verdict_is_inconclusive_without_a_converged_reference():
+    """Whatever the statistics say, a reference with R-hat >= 1.1 gives no agreement verdict."""
+    for kw in ({}, {"sd_ratio_median": 3.0}):
+        v = report.deep_relu_verdicts(_deep(rhat_max=1.1, **kw))
+        assert str(v["agreement"]) == "inconclusive (reference not converged)"
+        assert str(v["along"]) == "inconclusive (reference not converged)"
+        assert v["agreement"].margin is None
+    assert "the rule alone: differs" in report.deep_relu_verdicts(_deep(rhat_max=1.3, sd_ratio_median=3.0))[
+        "agreement"].evidence
+
+
+def test_deep_relu_along_table():
+    t = report.deep_relu_along(_deep())
+    assert list(t.index) == [0, 100, 200]
+    assert list(t["rule"]) == ["differs", "agrees", "agrees"]
+    assert t.loc[0, "in noise units"] == pytest.approx(1.0 / 0.15)
+    assert t.loc[0, "|log sd ratio| in noise units"] == pytest.approx(np.log(3.0) / 0.1)
 
 
 def test_theory_verdicts_follow_their_rules():
@@ -322,7 +357,10 @@ def test_toy_relu_rhat_margin_uses_the_iid_noise_scale():
 @pytest.mark.parametrize("fn, s", [
     (report.toy_relu_verdicts, {"kde_self_distance_sd": 0.11, "kde_self_distance_mean": 6.9, "kl_max_increase": 1.0012,
                                 "rhat_max": 1.0234, "rhat_iid_q99": 1.0612, "kl_final_vs_exact": 12.94}),
-    (report.deep_relu_verdicts, {"rhat_max": 1.3097, "band_coverage": 0.964, "sd_ratio_median": 1.308}),
+    (report.deep_relu_verdicts, {"rhat_max": 1.3097, "mean_abs_diff_mean": 0.3712, "sd_ratio_median": 1.308,
+                                 "reference_noise_mad": 0.1698, "reference_noise_log_sd": 0.0211}),
+    (report.deep_relu_verdicts, {"rhat_max": 1.0512, "mean_abs_diff_mean": 0.3712, "sd_ratio_median": 1.308,
+                                 "reference_noise_mad": 0.1698, "reference_noise_log_sd": 0.0211}),
     (report.classification_verdicts, {"rhat_max": 1.2345, "band_coverage_vs_mcmc": 0.353}),
 ])
 def test_verdict_texts_carry_no_measured_number(fn, s):

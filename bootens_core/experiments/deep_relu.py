@@ -9,6 +9,8 @@ reference; agreement is quantified on an x grid.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,7 @@ from .. import ensemble, mcmc, models, store
 from ..config import DeepReluConfig
 from ..data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise"]
 
 NAME = "deep-relu"
 DESCRIPTION = "8x50 ReLU network: 200 particles at stages vs an MCMC reference (faithful MH evidence, NUTS)"
@@ -55,6 +57,33 @@ def agreement(f_q: np.ndarray, f_ref: np.ndarray) -> dict[str, float]:
         "band_coverage": float(np.mean(overlap / (hi_r - lo_r))),
         "inside_ref_band": float(np.mean((f_q >= lo_r) & (f_q <= hi_r))),
     }
+
+
+def reference_noise(f_chains: np.ndarray, max_partitions: int = 64) -> dict[str, float]:
+    """The reference's own noise in the two statistics the verdict judges: the reference against itself.
+
+    ``f_chains`` ``(chains, draws, n_x)``. Every split of the chains into two halves (up to
+    ``max_partitions``, each unordered split once) gives one half-vs-half comparison; ``mad`` is the mean of
+    their ``mean_abs_diff_mean`` (what two samples of the same law show as a mean difference), ``log_sd`` the
+    root mean square of their ``log(sd_ratio_median)``. Each half holds half the draws, so these over-state
+    the noise of a comparison with the whole reference: a rule judged in these units errs towards "agrees".
+    """
+    f_chains = np.asarray(f_chains, np.float64)
+    if f_chains.ndim != 3 or f_chains.shape[0] < 2:
+        raise ValueError(f"need (chains >= 2, draws, n_x) predictive draws, got shape {f_chains.shape}")
+    n_chains, _, n_x = f_chains.shape
+    half = n_chains // 2
+    # Splits that put chain 0 in the first half: each unordered split once (with an odd count, the last
+    # chain of a split's complement is left out so both halves have the same size).
+    splits = [c for c in itertools.combinations(range(n_chains), half) if c[0] == 0][:max_partitions]
+    mads, logs = [], []
+    for a in splits:
+        b = [i for i in range(n_chains) if i not in a][:half]
+        st = agreement(f_chains[list(a)].reshape(-1, n_x), f_chains[b].reshape(-1, n_x))
+        mads.append(st["mean_abs_diff_mean"])
+        logs.append(np.log(st["sd_ratio_median"]))
+    return {"mad": float(np.mean(mads)), "log_sd": float(np.sqrt(np.mean(np.square(logs)))),
+            "partitions": len(splits)}
 
 
 def _mh(key, model, data, cfg, progress, label):
@@ -104,20 +133,27 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
 
     # --- Algorithm 1 on the deviation prior.
     opt = ensemble.optimizer(cfg.optimizer, cfg.step_size)
+    if cfg.agreement_every < 1:
+        raise ValueError(f"agreement_every must be a positive number of steps, got {cfg.agreement_every}")
+    along = sorted(set(cfg.stages) | set(range(0, cfg.steps + 1, cfg.agreement_every)))
     res = ensemble.train(
         k_ens, model, data.x, data.y, noise_var=cfg.noise_var, n_particles=cfg.n_particles, opt=opt,
-        steps=cfg.steps, snapshot_steps=cfg.stages, on_diverged="report",
+        steps=cfg.steps, snapshot_steps=tuple(along), on_diverged="report",
         progress="Algorithm 1" if progress else False,
     )
-    stages = np.asarray(res.snapshot_steps)
-    f_stages = np.stack([
+    snap_steps = [int(t) for t in np.asarray(res.snapshot_steps)]
+    f_snaps = [
         np.asarray(models.predict(model, jax.tree.map(lambda a, i=i: a[i], res.snapshots), xg))
-        for i in range(len(stages))
-    ])
+        for i in range(len(snap_steps))
+    ]
+    stages = np.asarray([t for t in snap_steps if t in set(cfg.stages)])
+    f_stages = np.stack([f for t, f in zip(snap_steps, f_snaps, strict=True) if t in set(cfg.stages)])
     ok = ~np.asarray(res.diverged)
     f_final = f_stages[-1][ok]
     agree = agreement(f_final, f_nuts)
     agree_stages = [agreement(f[ok], f_nuts) for f in f_stages]
+    agree_along = [agreement(f[ok], f_nuts) for f in f_snaps]
+    noise = reference_noise(f_nuts_chains) if cfg.nuts_chains >= 2 else {}
     # The noise floor of these statistics: the reference against itself (first half of the chains vs second).
     half = cfg.nuts_chains // 2
     floor = (
@@ -146,6 +182,10 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
         "sd_ratio_median_stages": [a["sd_ratio_median"] for a in agree_stages],
         "band_coverage_stages": [a["band_coverage"] for a in agree_stages],
         **{f"reference_split_{k}": v for k, v in floor.items()},
+        **{f"reference_noise_{k}": v for k, v in noise.items()},
+        "agreement_steps": snap_steps,
+        "mean_abs_diff_mean_along": [a["mean_abs_diff_mean"] for a in agree_along],
+        "sd_ratio_median_along": [a["sd_ratio_median"] for a in agree_along],
         **sampler_summary("nuts", nuts, diag_nuts),
         "nuts_divergences": int(np.sum(nuts.info.get("n_divergent", 0))),
         "nuts_mean_num_steps": float(np.mean(nuts.info.get("mean_num_steps", np.nan))),

@@ -38,6 +38,31 @@ def test_agreement_shape_errors():
         deep_relu.agreement(np.zeros((3, 4)), np.zeros((3, 5)))
 
 
+def test_reference_noise_by_hand():
+    """Four chains: the three half splits, computed one by one with agreement()."""
+    rng = np.random.default_rng(2)
+    f = rng.normal(size=(4, 30, 5)) * np.array([1.0, 1.0, 2.0, 2.0])[:, None, None]
+    got = deep_relu.reference_noise(f)
+    mads, logs = [], []
+    for a, b in (([0, 1], [2, 3]), ([0, 2], [1, 3]), ([0, 3], [1, 2])):
+        st = deep_relu.agreement(f[a].reshape(-1, 5), f[b].reshape(-1, 5))
+        mads.append(st["mean_abs_diff_mean"])
+        logs.append(np.log(st["sd_ratio_median"]))
+    assert got["partitions"] == 3
+    assert got["mad"] == pytest.approx(np.mean(mads))
+    assert got["log_sd"] == pytest.approx(np.sqrt(np.mean(np.square(logs))))
+    # Chains of one law: the half-vs-half mean difference is about its sampling noise, sqrt(2 / 60) sd
+    # times E|N(0,1)| = sqrt(2/pi).
+    same = deep_relu.reference_noise(rng.normal(size=(10, 200, 50)))
+    assert same["partitions"] == 64
+    assert same["mad"] == pytest.approx(np.sqrt(2 / 1000) * np.sqrt(2 / np.pi), rel=0.15)
+
+
+def test_reference_noise_shape_errors():
+    with pytest.raises(ValueError, match="chains >= 2"):
+        deep_relu.reference_noise(np.zeros((1, 5, 3)))
+
+
 @pytest.mark.slow
 def test_tiny_run_has_the_contract_keys():
     cfg = dataclasses.replace(
@@ -47,13 +72,16 @@ def test_tiny_run_has_the_contract_keys():
     )
     res = deep_relu.run(jax.random.key(0), cfg, use_cache=False)
     s = res.summary
-    for k in ("rhat_max", "mean_abs_diff_mean", "sd_ratio_median", "band_coverage"):
+    for k in ("rhat_max", "mean_abs_diff_mean", "sd_ratio_median", "band_coverage", "reference_noise_mad",
+              "reference_noise_log_sd"):
         assert np.isfinite(s[k]), k
     assert res["f_stages"].shape == (2, 20, 15)
+    assert s["agreement_steps"] == [0, 30] and len(s["mean_abs_diff_mean_along"]) == 2
     assert res["f_nuts"].shape == (40, 15)
     assert 0 <= s["mh_faithful_accept_rate"] <= 1
     from bootens_core import plots
     from tests.test_plots import render
 
-    for fig in (plots.deep_relu_stages(res), plots.deep_relu_agreement(res), plots.deep_relu_faithful(res)):
+    for fig in (plots.deep_relu_stages(res), plots.deep_relu_agreement(res), plots.deep_relu_faithful(res),
+                plots.deep_relu_along(res)):
         assert render(fig).startswith(b"\x89PNG")
