@@ -56,6 +56,8 @@ __all__ = [
     "jax_loop_train",
     "torch_loop_train",
     "measure",
+    "uci_cell_flops",
+    "measure_uci_cell",
     "run",
     "load_records",
     "ROW_KEYS",
@@ -501,6 +503,107 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
         "skipped": skipped,
         "torch_available": use_torch,
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def uci_cell_flops(in_dim: int, n_fit: int, n_train: int, hidden_layers: int, width: int, n_particles: int,
+                   iterations: int, grid_size: int) -> int:
+    """Matmul FLOPs of one ensemble cell of the UCI benchmark at one gradient evaluation per iteration: the
+    ``grid_size`` validation fits on ``n_fit`` rows and the final fit on ``n_train`` rows, ``iterations`` each,
+    ``n_particles`` particles (:func:`step_flops`). A line search evaluates more than once on some
+    iterations: for it this is a lower bound."""
+    ws = widths(in_dim, hidden_layers, width)
+    one = grid_size * step_flops(ws, n_fit)["total"] + step_flops(ws, n_train)["total"]
+    return int(n_particles) * int(iterations) * int(one)
+
+
+def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_layers: Sequence[int],
+                     grid_batches: Sequence[int] = (1, 0), split: int = 0, peak_repeats: int = 5,
+                     progress: bool = False) -> dict[str, Any]:
+    """Time real ensemble cells of the UCI benchmark (``bootens bench --case uci-cell``): ``bench.json``'s
+    ``uci-cell`` document.
+
+    For every dataset x hidden layers x grid batch (``UCIConfig.noise_grid_batch``: 1 = the sigma^2 grid one
+    value at a time, 0 = automatic, n = n values per batch) the cell (split ``split``: sigma^2 selection on
+    the validation rows, final fit, test scores) runs twice in this process: ``cold_s`` (compilation
+    included) and ``warm_s``; ``compile_s`` = their difference. ``flops`` is :func:`uci_cell_flops`, so
+    ``flops_per_s`` and ``roofline_fraction`` (against the measured matmul peak and bandwidth of the device
+    and the arithmetic intensity of the validation fits) are lower bounds for a line-search L-BFGS.
+    ``cfg`` is a :class:`~bootens_core.config.UCIConfig` (its ``n_particles``, L-BFGS and grid are used).
+    """
+    import dataclasses
+
+    from . import harness
+    from .data import uci as uci_data
+    from .experiments import uci
+
+    start = time.perf_counter()
+    bad = [d for d in datasets if d not in uci_data.DATASETS]
+    if bad or not datasets:
+        raise ValueError(f"uci-cell datasets must be among {', '.join(uci_data.DATASETS)}, got {list(datasets)}")
+    if not hidden_layers or any(int(h) not in (1, 4) for h in hidden_layers):
+        raise ValueError(f"uci-cell hidden layers must be 1 or 4 (the paper's ensembles), got {list(hidden_layers)}")
+    if not grid_batches or any(isinstance(b, bool) or int(b) < 0 for b in grid_batches):
+        raise ValueError(f"grid batches must be non-negative integers (0 = automatic), got {list(grid_batches)}")
+    k_peak, k_bw, k_cell = jax.random.split(key, 3)
+    platform = jax.devices()[0].platform
+    peak = measure_peak_flops(k_peak, 2048 if platform == "cpu" else 8192, peak_repeats)
+    bw = measure_bandwidth(k_bw, 256 if platform == "cpu" else 2048, peak_repeats)
+    opt = uci.ensemble_optimizer(cfg)
+    iterations = cfg.lbfgs_steps * cfg.lbfgs_iters_per_step
+    jobs = [(d, int(h), int(b)) for d in datasets for h in hidden_layers for b in grid_batches]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc="uci-cell", unit="row")
+    rows = []
+    try:
+        for ds, h, b in jobs:
+            data = uci_data.load(ds, split)
+            c = dataclasses.replace(cfg, noise_grid_batch=b)
+            n_train, in_dim = data.x_train.shape
+            n_fit = n_train - int(round(cfg.val_fraction * n_train))
+            size = uci.grid_batch(c, n_fit, in_dim, h, len(cfg.noise_grid))
+            m = uci.method(f"ensemble-{h}", c, ds, in_dim, data.y_std)
+            times, rec = [], None
+            for _ in range(2):
+                t0 = time.perf_counter()
+                rec = harness.run_cell(k_cell, m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed,
+                                       val_fraction=cfg.val_fraction)
+                times.append(time.perf_counter() - t0)
+            flops = uci_cell_flops(in_dim, n_fit, n_train, h, cfg.width, cfg.n_particles, iterations,
+                                   len(cfg.noise_grid))
+            ws = widths(in_dim, h, cfg.width)
+            roof = roofline(peak["flops_per_s"], bw["bytes_per_s"], arithmetic_intensity(ws, n_fit))
+            rows.append({
+                "dataset": ds, "hidden_layers": h, "split": split, "grid_batch": b, "grid_batch_used": size,
+                "n_particles": cfg.n_particles, "iterations": iterations, "grid_size": len(cfg.noise_grid),
+                "cold_s": times[0], "warm_s": times[1], "compile_s": max(0.0, times[0] - times[1]),
+                "flops": flops, "flops_per_s": flops / times[1], "roofline_flops_per_s": roof,
+                "roofline_fraction": flops / times[1] / roof, "test_rmse": rec["test_rmse"],
+                "test_mnll": rec["test_mnll"], "noise_var": rec["noise_var"],
+                "diverged_particles": rec["diverged_particles"],
+            })
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    prov = store.provenance(time.perf_counter() - start)
+    dev = jax.devices()[0]
+    return {
+        "case": "uci-cell",
+        "device": {**prov["device"], "name": str(dev), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+                   "memory_bytes": _device_memory()},
+        "versions": {**prov["versions"], "python": prov["python"]},
+        "provenance": prov,
+        "config": as_dict(cfg),
+        "optimizer": opt.description,
+        "flops_note": "matmul FLOPs at one gradient evaluation per iteration (a lower bound with a line search)",
+        "peak": {"matmul_flops_per_s": peak["flops_per_s"], "bandwidth_bytes_per_s": bw["bytes_per_s"]},
+        "rows": rows,
         "wall_s": time.perf_counter() - start,
     }
 

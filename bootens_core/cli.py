@@ -8,6 +8,7 @@
     bootens run uci --profile paper --time-budget 480 --shard 0/2 --pack cells-0.tar.gz   # a short GPU window
     bootens fold-cells cells-0.tar.gz cells-1.tar.gz --profile paper --into results/paper/uci
     bootens bench --quick                             # particle throughput -> bootens-out/bench/bench.json
+    bootens bench --case uci-cell --profile paper --datasets yacht protein   # real ensemble cells, timed
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
 summary. Results are cached (see :mod:`bootens_core.store`); ``--force`` recomputes. Without ``--out``, results go
@@ -346,6 +347,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from . import bench, config
 
+    if args.case == "uci-cell":
+        return _bench_uci_cell(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -377,6 +380,45 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                   f"particle-steps/s  {r['flops_per_s']:.3g} FLOP/s  x{r['speedup_vs_jax_loop']:.2f} vs JAX loop  "
                   f"x{torch_x} vs torch loop  {r['roofline_fraction']:.0%} of roofline")
     print(f"bootens: wrote {out / 'bench.json'} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _bench_uci_cell(args: argparse.Namespace) -> int:
+    """``bootens bench --case uci-cell``: real ensemble cells timed cold and warm -> OUT/uci-cell.json."""
+    import dataclasses
+    from pathlib import Path
+
+    import jax
+
+    from . import bench, config
+
+    cfg = config.for_profile(config.UCIConfig, "quick" if args.quick else args.profile)
+    if args.k:
+        cfg = dataclasses.replace(cfg, n_particles=int(args.k[0]))
+    if args.steps is not None:
+        cfg = dataclasses.replace(cfg, lbfgs_steps=int(args.steps))
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    try:
+        doc = bench.measure_uci_cell(jax.random.key(cfg.seed), cfg, args.datasets or ["yacht"],
+                                     args.models or [1, 4], args.grid_batches, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    doc["profile"] = "quick" if args.quick else config.profile(args.profile)
+    out = Path(args.out)
+    tmp = out / ".uci-cell.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(out / "uci-cell.json")
+    if not args.quiet:
+        for r in doc["rows"]:
+            print(f"{r['dataset']:<9} {r['hidden_layers']} layer(s)  grid batch {r['grid_batch_used']}: "
+                  f"cold {r['cold_s']:.1f} s, warm {r['warm_s']:.1f} s, compile {r['compile_s']:.1f} s, "
+                  f"{r['flops_per_s']:.3g} FLOP/s ({r['roofline_fraction']:.1%} of roofline), "
+                  f"{r['diverged_particles']} diverged")
+    print(f"bootens: wrote {out / 'uci-cell.json'} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
 
@@ -458,6 +500,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
+    p_bench.add_argument("--case", choices=["throughput", "uci-cell"], default="throughput",
+                         help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
+                              "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
+                              "--steps as L-BFGS steps) timed cold and warm, one sigma^2 at a time and in "
+                              "batches (uci-cell.json)")
+    p_bench.add_argument("--grid-batches", type=int, nargs="+", default=[1, 0],
+                         help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic)")
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
     p_bench.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)

@@ -402,6 +402,11 @@ class UCIConfig:
     # Cells run at once (threads); results do not depend on it. The quick profile runs 2: on the 2-core CI
     # machine two cells at once take 0.59x the time of one after the other (4 Boston/Yacht ensemble cells).
     workers: int = 1
+    # How many sigma^2 values of ``noise_grid`` an ensemble cell trains as one batch during its selection
+    # (ensemble.train_grid: the same particles as one value at a time, up to float rounding). 0: automatic --
+    # 1 on a CPU, where a batch saves nothing, and on an accelerator as many as fit in a quarter of its memory
+    # (uci.grid_batch). Like ``workers``, it does not decide the cells.
+    noise_grid_batch: int = 0
 
     def __post_init__(self) -> None:
         # The CLI's --set passes strings verbatim: "null"/"none" mean None (optax's fixed step).
@@ -412,6 +417,9 @@ class UCIConfig:
                 f"unknown lbfgs_linesearch {self.lbfgs_linesearch!r}: choose null (optax, fixed step), 'zoom' "
                 "(optax, zoom line search), 'torch' (torch.optim.LBFGS, fixed step) or 'torch-strong-wolfe'"
             )
+        nb = self.noise_grid_batch
+        if isinstance(nb, bool) or not isinstance(nb, int) or nb < 0:
+            raise ValueError(f"noise_grid_batch must be a non-negative integer (0 = automatic), got {nb!r}")
         for name in ("lbfgs_steps", "lbfgs_iters_per_step", "lbfgs_memory"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

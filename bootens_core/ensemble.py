@@ -51,6 +51,7 @@ __all__ = [
     "check_finite",
     "init",
     "train",
+    "train_grid",
     "predict",
     "particle_mesh",
     "shard_particles",
@@ -323,7 +324,7 @@ def _particle_step(model: Model, opt: Optimizer):
     return step
 
 
-def _ensemble_step(model: Model, opt: Optimizer):
+def _ensemble_step(model: Model, opt: Optimizer, noise_axis: int | None = None):
     """One step of every particle (leading axis ``k``), as ``jax.vmap`` of :func:`_particle_step`.
 
     With a line search, the value and gradient at the current particles are those the line search stored in
@@ -336,14 +337,17 @@ def _ensemble_step(model: Model, opt: Optimizer):
     The particles are the same; one gradient evaluation per step is saved. (``"torch-lbfgs"`` stores them
     when its outer step already evaluated them at its end -- always with strong Wolfe, never after a full
     fixed-step outer step -- and ``+inf`` otherwise.)
+
+    ``noise_axis``: ``None`` when every particle sees the same ``noise_var``; ``0`` when ``noise_var`` holds one
+    variance per particle (:func:`train_grid`: a grid of ``sigma^2`` trained as one batch).
     """
     if not opt.needs_value:
-        return jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, None))
+        return jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, noise_axis))
 
     def loss_fn(p, pert, x, noise_var):
         return -perturbed_log_joint(model, p, x, pert, noise_var)
 
-    value_and_grad_all = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, None))
+    value_and_grad_all = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, noise_axis))
 
     def update_one(params, opt_state, pert, x, noise_var, value, grad):
         def value_fn(p):
@@ -352,7 +356,7 @@ def _ensemble_step(model: Model, opt: Optimizer):
         updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=value_fn)
         return optax.apply_updates(params, updates), opt_state, value
 
-    update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, None, 0, 0))
+    update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, noise_axis, 0, 0))
 
     def step(params, opt_state, pert, x, noise_var):
         stored_value = optax.tree.get(opt_state, "value")
@@ -374,19 +378,20 @@ _RUNNERS: dict[tuple[Any, ...], Callable[..., Any]] = {}
 _RUNNERS_MAX = 32
 
 
-def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
-    """The compiled scan driver, cached by (model function, optimizer, record, snapshots).
+def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool,
+                  noise_axis: int | None = None):
+    """The compiled scan driver, cached by (model function, optimizer, record, snapshots, noise axis).
 
     Data, labels, replicates and the noise variance are arguments, so repeated calls with the same model
     and optimizer objects (a grid search over ``noise_var``, one call per split) reuse one compilation per
     data shape instead of recompiling.
     """
-    cache_key = (model.apply, opt.tx, record, with_snapshots)
+    cache_key = (model.apply, opt.tx, record, with_snapshots, noise_axis)
     try:
         return _RUNNERS[cache_key]
     except (KeyError, TypeError):
         pass
-    runner = _make_chunk_runner(model, opt, record, with_snapshots)
+    runner = _make_chunk_runner(model, opt, record, with_snapshots, noise_axis)
     try:
         if len(_RUNNERS) >= _RUNNERS_MAX:
             _RUNNERS.pop(next(iter(_RUNNERS)))
@@ -396,8 +401,9 @@ def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] 
     return runner
 
 
-def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool):
-    step_all = _ensemble_step(model, opt)
+def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool,
+                       noise_axis: int | None = None):
+    step_all = _ensemble_step(model, opt, noise_axis)
 
     def run_chunk(state, buf, pert, x, noise_var, slots, valid):
         def body(carry, inp):
@@ -555,10 +561,65 @@ def train(
     state, pert = init(
         key, model, y, noise_var, n_particles, opt, perturb_labels=perturb_labels, perturb_prior=perturb_prior
     )
-    init_params = state.params
 
+    run = _drive(model, opt, state, pert, x, noise_var, steps=steps, snaps=snaps, record=record,
+                 progress=progress, n_chunks=n_chunks, shard=shard)
+    if run.diverged.any() and on_diverged == "raise":
+        raise _diverged_error(run.diverged, run.loss, steps, opt)
+    return EnsembleResult(
+        params=run.params,
+        init_params=state.params,
+        snapshots=run.snapshots,
+        snapshot_steps=snaps,
+        loss=run.loss,
+        records=run.records,
+        perturbation=pert,
+        diverged=run.diverged,
+    )
+
+
+class _Run(NamedTuple):
+    params: Params
+    snapshots: Params | None
+    loss: np.ndarray
+    records: Any
+    diverged: np.ndarray
+
+
+def _diverged_error(diverged: np.ndarray, loss: np.ndarray, steps: int, opt: Optimizer,
+                    where: str = "") -> DivergedParticlesError:
+    bad_steps = np.nonzero(~np.isfinite(loss).all(axis=1))[0]
+    first = int(bad_steps[0]) if bad_steps.size else None
+    when = f"; the loss first became non-finite at step {first}" if first is not None else ""
+    return DivergedParticlesError(
+        f"{int(diverged.sum())} of {diverged.size} particles{where} diverged to NaN/Inf during {steps} steps of "
+        f"{opt.description}{when}. Lower the step size, or pass on_diverged='report' to keep the "
+        "finite ones and inspect the rest.",
+        diverged,
+        first,
+    )
+
+
+def _drive(
+    model: Model,
+    opt: Optimizer,
+    state: State,
+    pert: Perturbation,
+    x: jax.Array,
+    noise_var: jax.Array,
+    *,
+    steps: int,
+    snaps: tuple[int, ...] = (),
+    record: Callable[[Params], Any] | None = None,
+    progress: bool | str = False,
+    n_chunks: int = 1,
+    shard: bool | Sequence[jax.Device] | Mesh = False,
+    noise_axis: int | None = None,
+) -> _Run:
+    """Run ``steps`` steps of every particle of ``state`` (the scan in chunks, sharding, snapshots, records)."""
+    init_params = state.params
+    k = int(jax.tree.leaves(state.params)[0].shape[0])
     mesh = None
-    k = int(n_particles)
     if shard is not False and shard is not None:
         mesh = shard if isinstance(shard, Mesh) else particle_mesh(None if shard is True else shard)
         n_dev = mesh.devices.size
@@ -570,10 +631,12 @@ def train(
             )
         state = State(*shard_particles(_pad_particles((state.params, state.opt_state), k_pad), mesh),
                       replicate(state.step, mesh))
-        pert_run = shard_particles(_pad_particles(pert, k_pad), mesh)
-        x, noise_var = replicate((x, noise_var), mesh)
-    else:
-        pert_run = pert
+        pert = shard_particles(_pad_particles(pert, k_pad), mesh)
+        x = replicate(x, mesh)
+        if noise_axis is None:
+            noise_var = replicate(noise_var, mesh)
+        else:
+            noise_var = shard_particles(_pad_particles(noise_var, k_pad), mesh)
 
     if progress:
         n_chunks = max(n_chunks, min(50, max(steps, 1)))
@@ -597,7 +660,7 @@ def train(
         if mesh is not None:
             buf = _place(gather(buf), NamedSharding(mesh, P(None, "particles")))
 
-    runner = _chunk_runner(model, opt, record, with_snapshots)
+    runner = _chunk_runner(model, opt, record, with_snapshots, noise_axis)
     losses, recs = [], []
     bar = None
     if progress and n_chunks:
@@ -609,7 +672,7 @@ def train(
             sl = slice(c * chunk, (c + 1) * chunk)
             # Sharded: host arrays for the step schedule (every process passes the same, replicated values).
             sched = (slots[sl], valid[sl]) if mesh is not None else (jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
-            state, buf, loss, rec = runner(state, buf, pert_run, x, noise_var, *sched)
+            state, buf, loss, rec = runner(state, buf, pert, x, noise_var, *sched)
             losses.append(loss)
             recs.append(rec)
             if bar is not None:
@@ -635,25 +698,73 @@ def train(
     finite = jnp.ones((k,), bool)
     for leaf in jax.tree.leaves(params):
         finite = finite & jnp.all(jnp.isfinite(leaf.reshape(k, -1)), axis=1)
-    diverged = ~np.asarray(finite)
-    if diverged.any() and on_diverged == "raise":
-        bad_steps = np.nonzero(~np.isfinite(loss).all(axis=1))[0]
-        first = int(bad_steps[0]) if bad_steps.size else None
-        where = f"; the loss first became non-finite at step {first}" if first is not None else ""
-        raise DivergedParticlesError(
-            f"{int(diverged.sum())} of {k} particles diverged to NaN/Inf during {steps} steps of "
-            f"{opt.description}{where}. Lower the step size, or pass on_diverged='report' to keep the "
-            "finite ones and inspect the rest.",
-            diverged,
-            first,
+    return _Run(params, buf, loss, records, ~np.asarray(finite))
+
+
+def _block(tree: Any, i: int, k: int) -> Any:
+    return jax.tree.map(lambda a: a[i * k:(i + 1) * k], tree)
+
+
+def train_grid(
+    key: jax.Array,
+    model: Model,
+    x: Any,
+    y: Any,
+    *,
+    noise_grid: Sequence[float],
+    n_particles: int,
+    opt: Optimizer,
+    steps: int,
+    dtype: Any = jnp.float64,
+    on_diverged: str = "raise",
+    progress: bool | str = False,
+    n_chunks: int = 1,
+    shard: bool | Sequence[jax.Device] | Mesh = False,
+) -> list[EnsembleResult]:
+    """Algorithm 1 for every ``sigma^2`` of ``noise_grid`` at once: ``len(noise_grid) * n_particles`` particles
+    in one batch, particle block ``g`` seeing ``noise_grid[g]``.
+
+    Block ``g`` is the ensemble ``train(key, model, x, y, noise_var=noise_grid[g], ...)`` would train -- the same
+    ``key`` for every value, so the grid shares its random numbers (the label noise scaled by each
+    ``sqrt(sigma^2)``, the same prior anchors) -- and its particles equal that call's up to float rounding
+    (one compiled program for the whole grid instead of one call per value: on an accelerator the grid costs
+    about one call's time while the batch fits the device). Returns one :class:`EnsembleResult` per grid value,
+    in grid order (no snapshots or records). ``noise_grid``: positive finite scalars. Other arguments as
+    :func:`train`; ``on_diverged="raise"`` names the grid values whose particles diverged.
+    """
+    if on_diverged not in ("raise", "report"):
+        raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
+    grid = np.asarray(noise_grid, dtype=np.float64)
+    if grid.ndim != 1 or grid.size == 0:
+        raise ValueError(f"noise_grid must be a non-empty sequence of scalars, got shape {grid.shape}")
+    if not np.all(np.isfinite(grid) & (grid > 0)):
+        raise ValueError(f"every noise_grid value must be positive and finite, got {grid.tolist()}")
+    steps = int(steps)
+    if steps < 0:
+        raise ValueError(f"steps must be non-negative, got {steps}")
+    k = int(n_particles)
+    x, y = check_data(x, y, None, outputs=_model_outputs(model, np.asarray(x)))
+    x, y = x.astype(dtype), y.astype(dtype)
+    blocks = [init(key, model, y, jnp.asarray(v, dtype), k, opt) for v in grid]
+    state = State(*jax.tree.map(lambda *a: jnp.concatenate(a), *[(s.params, s.opt_state) for s, _ in blocks]),
+                  blocks[0][0].step)
+    pert = jax.tree.map(lambda *a: jnp.concatenate(a), *[p for _, p in blocks])
+    noise_var = jnp.repeat(jnp.asarray(grid, dtype), k)
+    run = _drive(model, opt, state, pert, x, noise_var, steps=steps, progress=progress, n_chunks=n_chunks,
+                 shard=shard, noise_axis=0)
+    if run.diverged.any() and on_diverged == "raise":
+        bad = sorted({float(grid[i // k]) for i in np.nonzero(run.diverged)[0]})
+        raise _diverged_error(run.diverged, run.loss, steps, opt, where=f" (at sigma^2 {', '.join(f'{v:g}' for v in bad)})")
+    return [
+        EnsembleResult(
+            params=_block(run.params, g, k),
+            init_params=blocks[g][0].params,
+            snapshots=None,
+            snapshot_steps=(),
+            loss=run.loss[:, g * k:(g + 1) * k],
+            records=None,
+            perturbation=blocks[g][1],
+            diverged=run.diverged[g * k:(g + 1) * k],
         )
-    return EnsembleResult(
-        params=params,
-        init_params=init_params,
-        snapshots=buf,
-        snapshot_steps=snaps,
-        loss=loss,
-        records=records,
-        perturbation=pert,
-        diverged=diverged,
-    )
+        for g in range(grid.size)
+    ]

@@ -73,13 +73,16 @@ class Method(NamedTuple):
 
     ``fit(key, x_fit, y_fit, x_eval, noise_var)`` trains on standardised data and returns the
     :class:`Prediction` at ``x_eval``. ``select_noise`` methods get each ``noise_var`` of the grid; the
-    others get ``None`` and report the variance they fitted in ``Prediction.noise_var``.
+    others get ``None`` and report the variance they fitted in ``Prediction.noise_var``. A ``select_noise``
+    method may also give ``fit_grid(key, x_fit, y_fit, x_eval, noise_grid)``: the predictions of ``fit`` for
+    every value of the grid, in order, computed together (:func:`run_cell` then uses it for the selection).
     """
 
     name: str
     hidden_layers: int
     select_noise: bool
     fit: Callable[..., Prediction]
+    fit_grid: Callable[..., list[Prediction]] | None = None
 
     @property
     def id(self) -> str:
@@ -161,9 +164,13 @@ def run_cell(
             raise ValueError("an empty noise_grid: nothing to select sigma^2 from")
         fit_rows, val_rows = validation_rows(data.x_train.shape[0], data.split, val_seed, val_fraction)
         x_f, y_f, x_v, y_v, ys_f = _restandardise(data, fit_rows, val_rows)
+        grid = [float(nv) for nv in noise_grid]
+        if method.fit_grid is not None:
+            preds = method.fit_grid(k_val, x_f, y_f, x_v, grid)
+        else:
+            preds = (method.fit(k_val, x_f, y_f, x_v, nv) for nv in grid)
         val_mnll = []
-        for nv in noise_grid:
-            pred = method.fit(k_val, x_f, y_f, x_v, float(nv))
+        for pred in preds:
             score = evaluate(y_v, pred, ys_f)["test_mnll"]
             val_mnll.append(score if math.isfinite(score) else math.inf)
         if not any(math.isfinite(v) for v in val_mnll):

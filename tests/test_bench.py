@@ -185,3 +185,41 @@ def test_load_records(tmp_path: Path):
     (tmp_path / "bad" / "bench.json").write_text("{}")
     with pytest.raises(ValueError, match="bad/bench.json is not a bench.json"):
         bench.load_records(tmp_path)
+
+
+def test_uci_cell_flops_hand_count():
+    # Yacht-sized: 6 inputs, 1 layer of 50; 3 validation fits on 200 rows + the final fit on 250 rows,
+    # 10 particles, 4 iterations: 10 * 4 * (3 * step(200) + step(250)).
+    ws = (6, 50, 1)
+    want = 10 * 4 * (3 * bench.step_flops(ws, 200)["total"] + bench.step_flops(ws, 250)["total"])
+    assert bench.uci_cell_flops(6, 200, 250, 1, 50, 10, 4, 3) == want
+
+
+_MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "uci")
+
+
+@pytest.mark.skipif(not Path(_MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {_MIRROR}")
+def test_cli_bench_uci_cell(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("BOOTENS_DATA_DIR", _MIRROR)
+    # One real Yacht cell, 4 particles, 2 L-BFGS steps: the grid one value at a time and in one batch of the
+    # whole grid give the same selection and scores (float32 here: to its rounding).
+    code = cli.main(["bench", "--case", "uci-cell", "--quick", "--datasets", "yacht", "--models", "1", "--k", "4",
+                     "--steps", "2", "--grid-batches", "1", "40", "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "uci-cell.json").read_text())
+    assert doc["case"] == "uci-cell" and doc["device"]["platform"] == jax.devices()[0].platform
+    one, batch = doc["rows"]
+    assert (one["grid_batch_used"], batch["grid_batch_used"]) == (1, one["grid_size"])
+    for r in (one, batch):
+        assert r["cold_s"] >= r["warm_s"] > 0 and r["compile_s"] == pytest.approx(r["cold_s"] - r["warm_s"])
+        assert r["flops_per_s"] == pytest.approx(r["flops"] / r["warm_s"])
+        assert 0 < r["roofline_fraction"] == pytest.approx(r["flops_per_s"] / r["roofline_flops_per_s"])
+    assert batch["noise_var"] == one["noise_var"]
+    assert batch["test_rmse"] == pytest.approx(one["test_rmse"], rel=1e-4)
+
+
+def test_cli_bench_uci_cell_bad_input(tmp_path: Path, capsys):
+    assert cli.main(["bench", "--case", "uci-cell", "--datasets", "mnist", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "uci-cell datasets must be among" in capsys.readouterr().err
+    assert cli.main(["bench", "--case", "uci-cell", "--models", "2", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "hidden layers must be 1 or 4" in capsys.readouterr().err

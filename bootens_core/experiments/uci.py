@@ -101,6 +101,8 @@ __all__ = [
     "GP_SKIPPED",
     "priority",
     "cost_units",
+    "grid_batch",
+    "ensemble_optimizer",
     "gp_available",
     "reference_times",
     "PendingRun",
@@ -195,23 +197,71 @@ def _lbfgs(step_size: float, memory: int, linesearch: str | None, iters_per_step
     raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}: choose null, 'zoom', 'torch' or 'torch-strong-wolfe'")
 
 
+def ensemble_optimizer(cfg: UCIConfig) -> ensemble.Optimizer:
+    """The L-BFGS the ensemble cells of ``cfg`` train with (one object per setting: one compilation)."""
+    return _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch, cfg.lbfgs_iters_per_step)
+
+
 def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
     model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-    opt = _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch, cfg.lbfgs_iters_per_step)
+    opt = ensemble_optimizer(cfg)
     # lbfgs_steps x lbfgs_iters_per_step iterations: that many optax steps, or lbfgs_steps torch outer steps.
     steps = opt.steps_for(cfg.lbfgs_steps * cfg.lbfgs_iters_per_step)
     dtype = jnp.dtype(cfg.dtype)
+
+    def predict(res, x_eval, noise_var):
+        f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
+        ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
+        return Prediction(f[ok], noise_var, int((~ok).sum()))
 
     def fit_ensemble(key, x, y, x_eval, noise_var):
         res = ensemble.train(
             key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
             steps=steps, dtype=dtype, on_diverged="report",
         )
-        f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
-        ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
-        return Prediction(f[ok], noise_var, int((~ok).sum()))
+        return predict(res, x_eval, noise_var)
 
-    return Method("ensemble", layers, True, fit_ensemble)
+    def fit_ensemble_grid(key, x, y, x_eval, noise_grid):
+        # The grid in batches of grid_batch values (ensemble.train_grid); 1 is fit_ensemble value by value.
+        size = grid_batch(cfg, np.shape(x)[0], in_dim, layers, len(noise_grid))
+        if size == 1:
+            return [fit_ensemble(key, x, y, x_eval, nv) for nv in noise_grid]
+        preds = []
+        for start in range(0, len(noise_grid), size):
+            part = list(noise_grid[start:start + size])
+            results = ensemble.train_grid(key, model, x, y, noise_grid=part, n_particles=cfg.n_particles, opt=opt,
+                                          steps=steps, dtype=dtype, on_diverged="report")
+            preds += [predict(res, x_eval, nv) for res, nv in zip(results, part, strict=True)]
+        return preds
+
+    return Method("ensemble", layers, True, fit_ensemble, fit_ensemble_grid)
+
+
+def grid_batch(cfg: UCIConfig, n_rows: int, in_dim: int, layers: int, grid_size: int,
+               device: jax.Device | None = None) -> int:
+    """How many sigma^2 values of the grid an ensemble cell trains together (``UCIConfig.noise_grid_batch``).
+
+    A positive ``noise_grid_batch`` is used as given (at most ``grid_size``). 0 (automatic) gives 1 on a CPU,
+    where the particles already keep the cores busy and a batch saves nothing; on an accelerator, as many
+    values as fit in a quarter of its memory, by an upper estimate of one particle's working set: for every
+    row the hidden units' pre-activations, activations and their gradients, and for every weight its value,
+    gradient, the L-BFGS pairs and the line search's copies, in ``cfg.dtype``.
+    """
+    if cfg.noise_grid_batch:
+        return max(1, min(int(cfg.noise_grid_batch), int(grid_size)))
+    device = device or jax.devices()[0]
+    if device.platform == "cpu":
+        return 1
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return 1
+    item = jnp.dtype(cfg.dtype).itemsize
+    n_params = (in_dim + 1) * cfg.width + (layers - 1) * (cfg.width + 1) * cfg.width + cfg.width + 1
+    per_particle = item * (4 * n_rows * layers * cfg.width + 3 * n_rows
+                           + n_params * (2 * cfg.lbfgs_memory + 8))
+    fit = int(limit // 4 // (per_particle * cfg.n_particles))
+    return max(1, min(int(grid_size), fit))
 
 
 def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
