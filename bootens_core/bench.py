@@ -489,10 +489,8 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
             bar.close()
     prov = store.provenance(time.perf_counter() - start)
     versions = {**prov["versions"], "torch": _torch_version(), "python": prov["python"]}
-    dev = jax.devices()[0]
     return {
-        "device": {**prov["device"], "name": str(dev), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
-                   "memory_bytes": mem},
+        "device": _device_info(prov, mem),
         "versions": versions,
         "provenance": prov,
         "config": as_dict(cfg),
@@ -505,6 +503,12 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "wall_s": time.perf_counter() - start,
     }
+
+
+def _device_info(prov: dict[str, Any], memory: int | None) -> dict[str, Any]:
+    """The ``device`` entry of a benchmark document: the provenance's device, its name, cores, CPU model, memory."""
+    return {**prov["device"], "name": str(jax.devices()[0]), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+            "memory_bytes": memory}
 
 
 def uci_cell_flops(in_dim: int, n_fit: int, n_train: int, hidden_layers: int, width: int, n_particles: int,
@@ -592,11 +596,9 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
         if bar is not None:
             bar.close()
     prov = store.provenance(time.perf_counter() - start)
-    dev = jax.devices()[0]
     return {
         "case": "uci-cell",
-        "device": {**prov["device"], "name": str(dev), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
-                   "memory_bytes": _device_memory()},
+        "device": _device_info(prov, _device_memory()),
         "versions": {**prov["versions"], "python": prov["python"]},
         "provenance": prov,
         "config": as_dict(cfg),

@@ -31,6 +31,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = ["main", "DEFAULT_OUT"]
 
@@ -369,18 +370,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
     doc["profile"] = "quick" if args.quick else config.profile(args.profile)
-    out = Path(args.out)
-    tmp = out / ".bench.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
-    tmp.replace(out / "bench.json")
+    out = _write_json(Path(args.out) / "bench.json", doc)
     if not args.quiet:
         for r in doc["rows"]:
             torch_x = "-" if r["speedup_vs_torch_loop"] is None else f"{r['speedup_vs_torch_loop']:.2f}"
             print(f"{r['model']:<9} {r['dataset']:<8} k={r['k']:<5} {r['particle_steps_per_s']:>10.4g} "
                   f"particle-steps/s  {r['flops_per_s']:.3g} FLOP/s  x{r['speedup_vs_jax_loop']:.2f} vs JAX loop  "
                   f"x{torch_x} vs torch loop  {r['roofline_fraction']:.0%} of roofline")
-    print(f"bootens: wrote {out / 'bench.json'} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
+
+
+def _write_json(path: Path, doc: dict) -> Path:
+    """Write ``doc`` to ``path`` atomically (a temporary file beside it, then a rename); returns ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+    return path
 
 
 def _bench_uci_cell(args: argparse.Namespace) -> int:
@@ -408,17 +414,14 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
     doc["profile"] = "quick" if args.quick else config.profile(args.profile)
-    out = Path(args.out)
-    tmp = out / ".uci-cell.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
-    tmp.replace(out / "uci-cell.json")
+    out = _write_json(Path(args.out) / "uci-cell.json", doc)
     if not args.quiet:
         for r in doc["rows"]:
             print(f"{r['dataset']:<9} {r['hidden_layers']} layer(s)  grid batch {r['grid_batch_used']}: "
                   f"cold {r['cold_s']:.1f} s, warm {r['warm_s']:.1f} s, compile {r['compile_s']:.1f} s, "
                   f"{r['flops_per_s']:.3g} FLOP/s ({r['roofline_fraction']:.1%} of roofline), "
                   f"{r['diverged_particles']} diverged")
-    print(f"bootens: wrote {out / 'uci-cell.json'} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
 
