@@ -13,6 +13,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 from scipy import stats
 
 from .store import Result
@@ -305,6 +306,13 @@ def deep_relu_agreement(result: Result) -> Figure:
     for xi in x:
         ax1.axvline(xi, color=COLORS["data"], lw=0.4, alpha=0.3)
     ax1.set_yscale("log")
+    # A log axis spanning less than a decade gets two ticks at most: label ratios readers can place.
+    lo, hi = float(np.nanmin(ratio)), float(np.nanmax(ratio))
+    ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if lo / 1.3 <= t <= hi * 1.3]
+    ax1.set_ylim(min(lo, 1.0) / 1.15, max(hi, 1.0) * 1.15)
+    ax1.yaxis.set_major_locator(FixedLocator(ticks or [1.0]))
+    ax1.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax1.yaxis.set_minor_formatter(NullFormatter())
     ax1.set_xlabel("x (grey: data)")
     ax1.set_ylabel("sd ensemble / sd NUTS")
     fig.tight_layout()
@@ -463,6 +471,11 @@ def bench_throughput(docs: dict[str, dict[str, Any]]) -> Figure:
         row[0].set_yscale("log")
         row[1].set_yscale("log")
     axes[0, 0].legend(frameon=False, fontsize=7, ncol=1)
+    from matplotlib.lines import Line2D
+
+    axes[0, 1].legend(handles=[Line2D([], [], color="#555555", ls="-", label="vs JAX loop"),
+                               Line2D([], [], color="#555555", ls=":", label="vs PyTorch loop")],
+                      frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -520,7 +533,7 @@ def uci_splits(result: Result, metrics: tuple[str, ...] = ("rmse", "mnll", "cove
     cells = _uci_cells(result)
     datasets = list(dict.fromkeys(r["dataset"] for r in cells))
     ids = [m for m in _UCI_METHOD_ORDER if any(r["id"] == m for r in cells)]
-    fig, axes = plt.subplots(len(datasets), len(metrics), figsize=(3.0 * len(metrics), 1.9 * len(datasets) + 0.4),
+    fig, axes = plt.subplots(len(datasets), len(metrics), figsize=(3.0 * len(metrics), 2.2 * len(datasets) + 0.4),
                              squeeze=False)
     rng = np.random.default_rng(0)
     for i, d in enumerate(datasets):
@@ -546,7 +559,8 @@ def uci_splits(result: Result, metrics: tuple[str, ...] = ("rmse", "mnll", "cove
                 ax.axhline(0.95, color=COLORS["prior"], ls=":", lw=1)
                 extra.append(0.95)
             _clip_outliers(ax, ours, papers, extra)
-            ax.set_xticks(range(len(ids)), ids, rotation=0)
+            # Method ids rotated: six of them side by side overlap in a panel a third of the page wide.
+            ax.set_xticks(range(len(ids)), ids, rotation=35, ha="right", rotation_mode="anchor", fontsize=7)
             ax.set_xlim(-0.6, len(ids) - 0.4)
             ax.set_title(f"{d}: {label}")
     from matplotlib.lines import Line2D
@@ -558,7 +572,7 @@ def uci_splits(result: Result, metrics: tuple[str, ...] = ("rmse", "mnll", "cove
         Line2D([], [], ls="", marker="^", ms=5, color=COLORS["law"], label="off the axis (value written)"),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-    fig.tight_layout(rect=(0, 0.3 / (1.9 * len(datasets) + 0.4), 1, 1))
+    fig.tight_layout(rect=(0, 0.3 / (2.2 * len(datasets) + 0.4), 1, 1))
     return fig
 
 

@@ -245,15 +245,23 @@ def test_deep_relu_along_table():
 
 def test_theory_verdicts_follow_their_rules():
     s = {"lemma1_z_paper_abs_max": 100.0, "lemma1_z_corrected_abs_max": 1.0,
-         "linear": {"max_z_vs_exact_kl_rate": 2.0, "theorem1_max_z_vs_exact_kl_rate": 50.0}}
+         "linear": {"max_z_vs_exact_kl_rate": 2.0, "theorem1_max_z_vs_exact_kl_rate": 50.0,
+                    "frac_steps_kl_decreasing_exact": 1.0},
+         "relu": {"frac_steps_theorem2_corrected_holds": 1.0}, "tanh": {"frac_steps_theorem2_corrected_holds": 0.25}}
     v = {k: str(x) for k, x in report.theory_verdicts(s).items()}
     assert v["lemma1"].startswith("sign error")
     assert v["linear_rate"] == "matches the exact rate"
     assert v["theorem1_linear"].startswith("is NOT")
+    assert v["theorem2"].startswith("its proof does NOT hold") and "holds for the linear model (exact" in v["theorem2"]
+    t2 = report.theory_verdicts(s)["theorem2"]
+    assert "100% (relu), 25% (tanh)" in t2.evidence and t2.margin == pytest.approx(3.0)
+    s["linear"]["frac_steps_kl_decreasing_exact"] = 0.9
+    assert "only at some steps" in str(report.theory_verdicts(s)["theorem2"])
     s["linear"]["theorem1_max_z_vs_exact_kl_rate"] = 2.0
     assert str(report.theory_verdicts(s)["theorem1_linear"]) == "matches the KL rate"
     s["lemma1_z_corrected_abs_max"] = 6.0
     assert str(report.theory_verdicts(s)["lemma1"]) == "not settled"
+    assert str(report.theory_verdicts(s)["theorem2"]) == "not settled"
 
 
 # ------------------------------------------------------------------------------------------ classification
@@ -336,7 +344,8 @@ def test_linear_margin_counts_both_comparisons():
 
 def test_theory_margins_in_z_units():
     s = {"lemma1_z_paper_abs_max": 100.0, "lemma1_z_corrected_abs_max": 1.0,
-         "linear": {"max_z_vs_exact_kl_rate": 2.0, "theorem1_max_z_vs_exact_kl_rate": 50.0}}
+         "linear": {"max_z_vs_exact_kl_rate": 2.0, "theorem1_max_z_vs_exact_kl_rate": 50.0,
+                    "frac_steps_kl_decreasing_exact": 1.0}}
     v = report.theory_verdicts(s)
     assert v["lemma1"].margin == pytest.approx(3.0)  # the corrected identity: 1 against 4
     assert v["linear_rate"].margin == pytest.approx(2.0)
