@@ -1,8 +1,9 @@
 """The rendered book, opened in headless Chromium.
 
-For every page listed in ``_toc.yml``: the page loads, has an ``<h1>``, every image on it decodes, the
-console shows no errors, every figure that its notebook declares is on the page, and nothing is fetched
-from another host except what ``ALLOWED_OFFSITE`` lists. The browser is offline: every off-site request
+For every page listed in ``_toc.yml``, in a 1400 px wide window: the page loads, has an ``<h1>``, every
+image on it decodes, every formula is typeset by MathJax (served by the site itself), nothing runs off the
+window unless it scrolls in its own box, the console shows no errors, every figure that its notebook
+declares is on the page, and nothing is fetched from another host. The browser is offline: every off-site request
 is answered locally with an empty 200 response and recorded.
 
 Needs the built book (``make book``) and Debian's ``chromium`` (``make browser-deps``); the browser is
@@ -41,12 +42,16 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-# Off-site hosts a page may request (the request is still answered locally, with an empty response).
-ALLOWED_OFFSITE = {
-    # MathJax 3: Sphinx's default `mathjax_path` (sphinx.ext.mathjax), https://cdn.jsdelivr.net/npm/mathjax@3/
-    # es5/tex-mml-chtml.js, loaded only by pages that contain math. The theme's fonts and scripts are local.
-    "cdn.jsdelivr.net",
-}
+# Off-site hosts a page may request (the request is still answered locally, with an empty response). None:
+# the theme's fonts and scripts are local, and MathJax is served from the site (sphinx-mathjax-offline).
+ALLOWED_OFFSITE: set[str] = set()
+
+# Width of the browser window: a laptop screen. No page may need horizontal scrolling at this width.
+VIEWPORT = {"width": 1400, "height": 900}
+
+# BOOTENS_SCREENSHOTS=DIR saves a full-page PNG of every page there (DIR/<docname>.png), taken after the
+# math is typeset: what a reader sees, for looking at every page before a release.
+SCREENSHOT_DIR = os.environ.get("BOOTENS_SCREENSHOTS")
 
 # Content type of the empty stand-in response, by Playwright resource type.
 _STUB_TYPES = {
@@ -156,7 +161,7 @@ class PageVisit:
         self.local_host = urlsplit(site).netloc
         self.offsite: list[str] = []
         self.errors: list[str] = []
-        self.context = browser.new_context()
+        self.context = browser.new_context(viewport=VIEWPORT)
         self.context.route("**/*", self._route)
         self.page = self.context.new_page()
         self.page.on("console", self._console)
@@ -202,6 +207,60 @@ class PageVisit:
                     naturalWidth: img.naturalWidth,
                     inFigure: img.closest("figure") !== null,
                 }));
+            }"""
+        )
+
+    def typeset_math(self) -> dict:
+        """Wait for MathJax to finish (where the page loads it); count the math elements and the typeset ones.
+
+        Sphinx writes each formula as an element of class ``math`` holding its TeX; MathJax replaces the TeX
+        by an ``mjx-container``. ``raw`` lists (the start of) the formulas still shown as TeX.
+        """
+        return self.page.evaluate(
+            """async () => {
+                if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+                    await MathJax.startup.promise;
+                }
+                const maths = Array.from(document.querySelectorAll(".math"));
+                const raw = maths.filter((el) => el.querySelector("mjx-container") === null)
+                    .map((el) => el.textContent.trim().slice(0, 60));
+                return {n: maths.length, raw: raw, mathjax: !!(window.MathJax && MathJax.version)};
+            }"""
+        )
+
+    def overflow(self) -> list[str]:
+        """What does not fit the window: the page itself, a table wider than the box it sits in (the reader
+        would have to scroll sideways to see its last columns), an image or code block that runs off the
+        window without a box of its own to scroll in."""
+        return self.page.evaluate(
+            """() => {
+                const width = document.documentElement.clientWidth;
+                const out = [];
+                if (document.documentElement.scrollWidth > width + 1) {
+                    out.push(`the page is ${document.documentElement.scrollWidth} px wide (window ${width} px)`);
+                }
+                const scrollerOf = (el) => {
+                    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+                        if (["auto", "scroll"].includes(getComputedStyle(p).overflowX)) { return p; }
+                    }
+                    return null;
+                };
+                for (const table of document.querySelectorAll("main table")) {
+                    const box = table.getBoundingClientRect();
+                    const scroller = scrollerOf(table);
+                    const room = scroller ? scroller.clientWidth : width - Math.max(box.left, 0);
+                    if (box.width > room + 1) {
+                        const head = table.innerText.replace(/\s+/g, " ").trim().slice(0, 60);
+                        out.push(`table (${head}) is ${Math.round(box.width)} px wide in ${Math.round(room)} px`);
+                    }
+                }
+                for (const el of document.querySelectorAll("main img, main pre")) {
+                    const box = el.getBoundingClientRect();
+                    if (box.width > 0 && box.right > width + 1 && scrollerOf(el) === null) {
+                        out.push(`${el.tagName.toLowerCase()} ends at ${Math.round(box.right)} px`);
+                    }
+                }
+                return out;
             }"""
         )
 
@@ -261,6 +320,19 @@ def test_page_renders(visit, docname):
         )
         assert n_img != -1, f"{path}: figure {name!r} (mystnb metadata) is not on the page"
         assert n_img >= 1, f"{path}: figure {name!r} has no image (drawn with the Agg backend?)"
+
+    math = page.typeset_math()
+    if math["n"]:
+        assert math["mathjax"], f"{path}: {math['n']} formulas and MathJax did not load"
+        assert not math["raw"], f"{path}: {len(math['raw'])} of {math['n']} formulas shown as raw TeX: {math['raw'][:5]}"
+
+    wide = page.overflow()
+    assert not wide, f"{path}: content runs off a {VIEWPORT['width']} px window: {wide[:5]}"
+
+    if SCREENSHOT_DIR:
+        shot = Path(SCREENSHOT_DIR) / f"{docname}.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.page.screenshot(path=str(shot), full_page=True)
 
     assert not page.errors, f"{path}: errors in the browser:\n" + "\n".join(page.errors)
 
