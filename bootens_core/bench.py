@@ -534,7 +534,10 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
     included) and ``warm_s``; ``compile_s`` = their difference. ``flops`` is :func:`uci_cell_flops`, so
     ``flops_per_s`` and ``roofline_fraction`` (against the measured matmul peak and bandwidth of the device
     and the arithmetic intensity of the validation fits) are lower bounds for a line-search L-BFGS.
-    ``cfg`` is a :class:`~bootens_core.config.UCIConfig` (its ``n_particles``, L-BFGS and grid are used).
+    ``grid_batch_used`` is the length of the batches the grid was cut into and ``grid_padding`` the number of
+    repeated values that made them one length (:func:`bootens_core.experiments.uci.grid_batches`; their
+    work is not counted in ``flops``). ``cfg`` is a :class:`~bootens_core.config.UCIConfig` (its
+    ``n_particles``, L-BFGS and grid are used).
     """
     import dataclasses
 
@@ -569,7 +572,9 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
             c = dataclasses.replace(cfg, noise_grid_batch=b)
             n_train, in_dim = data.x_train.shape
             n_fit = n_train - int(round(cfg.val_fraction * n_train))
-            size = uci.grid_batch(c, n_fit, in_dim, h, len(cfg.noise_grid))
+            # the batches the cell trains: one length, the last padded (uci.grid_batches)
+            batches = uci.grid_batches(cfg.noise_grid, uci.grid_batch(c, n_fit, in_dim, h, len(cfg.noise_grid)))
+            size, padding = len(batches[0][0]), sum(len(v) - n for v, n in batches)
             m = uci.method(f"ensemble-{h}", c, ds, in_dim, data.y_std)
             times, rec = [], None
             for _ in range(2):
@@ -583,6 +588,7 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
             roof = roofline(peak["flops_per_s"], bw["bytes_per_s"], arithmetic_intensity(ws, n_fit))
             rows.append({
                 "dataset": ds, "hidden_layers": h, "split": split, "grid_batch": b, "grid_batch_used": size,
+                "grid_padding": padding,
                 "n_particles": cfg.n_particles, "iterations": iterations, "grid_size": len(cfg.noise_grid),
                 "cold_s": times[0], "warm_s": times[1], "compile_s": max(0.0, times[0] - times[1]),
                 "flops": flops, "flops_per_s": flops / times[1], "roofline_flops_per_s": roof,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import html
 import io
 from importlib import resources
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ import pandas as pd
 __all__ = [
     "Text",
     "Verdict",
+    "Provenance",
     "verdict_table",
     "univariate_verdict",
     "linear_verdicts",
@@ -86,6 +88,62 @@ class Verdict(Text):
         super().__init__(text)
         self.evidence = evidence
         self.margin = None if margin is None else float(margin)
+
+
+class Provenance:
+    """Where, when and with what a committed record was made, shown as one collapsed block.
+
+    In a rendered chapter (HTML) it is a ``<details>`` element whose one-line summary names the record, the
+    device and the date, and which unfolds into every field of its ``provenance.json`` (commit, device,
+    versions, wall time, ...). As text it is that one line. ``prov`` is the provenance mapping of a record
+    (``store.load(...).provenance`` or the second item of ``store.load_record``).
+    """
+
+    def __init__(self, prov: Mapping[str, Any], label: str):
+        if not isinstance(prov, Mapping):
+            raise TypeError(f"Provenance needs the provenance mapping of a record, got {type(prov).__name__}")
+        self.prov = dict(prov)
+        self.label = str(label)
+
+    def summary(self) -> str:
+        """The one line: label, device, date and short commit (what is known of them)."""
+        device = self.prov.get("device") or {}
+        kind = device.get("kind") if isinstance(device, Mapping) else device
+        parts = [str(kind) if kind else "device not recorded"]
+        when = str(self.prov.get("finished_utc") or self.prov.get("date") or "")[:10]
+        if when:
+            parts.append(when)
+        commit = str(self.prov.get("git_commit") or "")
+        if commit:
+            parts.append(f"commit {commit[:7]}")
+        return f"Provenance of the {self.label}: " + ", ".join(parts)
+
+    def fields(self) -> list[tuple[str, str]]:
+        """Every field, nested mappings flattened to dotted names (``versions.jax``), in the record's order."""
+        out: list[tuple[str, str]] = []
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, Mapping):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+            elif isinstance(value, float):
+                out.append((prefix, f"{value:.1f}" if prefix.endswith("_s") else f"{value:.6g}"))
+            else:
+                out.append((prefix, str(value)))
+
+        walk("", self.prov)
+        return out
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+            for k, v in self.fields()
+        )
+        return (f"<details class='bootens-provenance'><summary>{html.escape(self.summary())}</summary>"
+                f"<table>{rows}</table></details>")
 
 
 def _dist(value: float, threshold: float, scale: float | None) -> float | None:
@@ -514,10 +572,11 @@ def uci_table(
 ) -> pd.DataFrame:
     """One of the paper's UCI tables for ``metric`` (``rmse``, ``mnll`` or ``coverage95``), ours beside theirs.
 
-    Rows: datasets (with their size n). Columns: for each (method, layers) of ``columns``, ``ours`` (mean ± SE
-    over the splits run, with the SD over splits and their number: ``3.04 ± 0.21 (SD 0.67, 10)``; 3 significant
-    digits), ``paper`` (the published mean ± its SE, with the published SD and the paper's number of splits:
-    a reference, nothing computed but the SE) and ``verdict`` (of
+    One row per dataset (with its size n) and method column of the paper (``columns``, in that order), so that
+    the table stays three entries wide whatever the number of methods: ``ours`` (mean ± SE over the splits
+    run, with the SD over splits and their number: ``3.04 ± 0.21 (SD 0.67, 10)``; 3 significant digits),
+    ``paper`` (the published mean ± its SE, with the published SD and the paper's number of splits: a
+    reference, nothing computed but the SE) and ``verdict`` (of
     :func:`bootens_core.experiments.uci.compare_with_paper`, with its two-sided p-value). A method whose issue
     has not landed shows "pending"; one not run in this profile shows "not run".
     """
@@ -527,12 +586,10 @@ def uci_table(
 
     ref = paper_reference()
     datasets = list(dict.fromkeys(summary["datasets"]))
-    index = pd.Index([f"{d} (n={uci_size(d)})" for d in datasets], name="dataset")
-    data: dict[tuple[str, str], list[str]] = {}
-    for meth, layers in columns:
-        label = _UCI_LABELS[(meth, layers)]
-        ours, paper, verdict = [], [], []
-        for d in datasets:
+    index, ours, paper, verdict = [], [], [], []
+    for d in datasets:
+        for meth, layers in columns:
+            index.append((f"{d} (n={uci_size(d)})", _UCI_LABELS[(meth, layers)]))
             r = rows.get((d, meth, layers))
             p = ref.get((d, meth, layers, metric))
             if p:
@@ -549,10 +606,10 @@ def uci_table(
             else:
                 ours.append("pending" if meth in UCI_PENDING else "not run")
                 verdict.append("")
-        data[(label, "ours")] = ours
-        data[(label, "paper")] = paper
-        data[(label, "verdict")] = verdict
-    return pd.DataFrame(data, index=index)
+    return pd.DataFrame(
+        {"ours": ours, "paper": paper, "verdict": verdict},
+        index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]),
+    )
 
 
 @functools.cache

@@ -210,6 +210,7 @@ def test_cli_bench_uci_cell(tmp_path: Path, capsys, monkeypatch):
     assert doc["case"] == "uci-cell" and doc["device"]["platform"] == jax.devices()[0].platform
     one, batch = doc["rows"]
     assert (one["grid_batch_used"], batch["grid_batch_used"]) == (1, one["grid_size"])
+    assert one["grid_padding"] == batch["grid_padding"] == 0
     for r in (one, batch):
         assert r["cold_s"] >= r["warm_s"] > 0 and r["compile_s"] == pytest.approx(r["cold_s"] - r["warm_s"])
         assert r["flops_per_s"] == pytest.approx(r["flops"] / r["warm_s"])

@@ -381,3 +381,19 @@ def test_verdict_texts_carry_no_measured_number(fn, s):
         found = set(re.findall(r"\d+\.\d+", str(v))) & measured
         assert not found, (name, str(v))
         assert v.evidence, name  # ... the numbers are in the evidence instead
+
+
+def test_provenance_block_is_collapsed_and_complete():
+    prov = {"device": {"kind": "NVIDIA H100", "count": 1}, "finished_utc": "2026-11-23T11:30:16Z",
+            "git_commit": "f4cc185d3b6ac5829f2a7fc9b731166458a7720e", "versions": {"jax": "0.10.2"},
+            "wall_time_s": 3941.26, "note": "<b>"}
+    block = report.Provenance(prov, "paper-scale record")
+    assert repr(block) == "Provenance of the paper-scale record: NVIDIA H100, 2026-11-23, commit f4cc185"
+    page = block._repr_html_()
+    assert page.startswith("<details") and page.count("<details") == 1 and "open" not in page
+    assert "<summary>Provenance of the paper-scale record: NVIDIA H100, 2026-11-23, commit f4cc185</summary>" in page
+    assert "<th style='text-align:left'>versions.jax</th><td>0.10.2</td>" in page
+    assert "<td>3941.3</td>" in page and "<td>&lt;b&gt;</td>" in page  # seconds to 0.1 s; text escaped
+    assert repr(report.Provenance({}, "x")) == "Provenance of the x: device not recorded"
+    with pytest.raises(TypeError, match="provenance mapping"):
+        report.Provenance("cpu", "x")

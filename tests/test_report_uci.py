@@ -39,23 +39,26 @@ def summary():
 def test_uci_table_layout_and_entries(summary):
     s, p_rmse, p_std = summary
     t = report.uci_table(s, "rmse", report.UCI_TABLE1)
-    assert list(t.index) == ["boston (n=506)", "yacht (n=308)"]
-    labels = list(dict.fromkeys(c[0] for c in t.columns))
-    assert labels == ["Ensemble 1-layer", "Ensemble 4-layer", "MCD 4-layer", "SGHMC 1-layer"]
+    # one row per dataset and method column, three entries wide
+    assert list(t.columns) == ["ours", "paper", "verdict"]
+    assert list(t.index.get_level_values(0).unique()) == ["boston (n=506)", "yacht (n=308)"]
+    assert list(t.loc["boston (n=506)"].index) == ["Ensemble 1-layer", "Ensemble 4-layer", "MCD 4-layer",
+                                                   "SGHMC 1-layer"]
     # ours: mean ± SE (SD, splits); the paper: its mean ± SE = SD / sqrt(10) (its SD, its 10 splits)
-    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "ours")] == f"{p_rmse:.3g} ± 0 (SD 0, 2)"
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "ours"] == f"{p_rmse:.3g} ± 0 (SD 0, 2)"
     se = p_std / np.sqrt(10)
-    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "paper")] == f"{p_rmse:.2f} ± {se:.2g} (SD {p_std:.2f}, 10)"
-    assert t.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")] == "agrees (p 1), 1 diverged"
-    assert t.loc["boston (n=506)", ("Ensemble 4-layer", "ours")] == "not run"
-    assert t.loc["yacht (n=308)", ("MCD 4-layer", "ours")] == "not run"
-    assert t.loc["yacht (n=308)", ("SGHMC 1-layer", "ours")] == "not run"
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "paper"] == f"{p_rmse:.2f} ± {se:.2g} (SD {p_std:.2f}, 10)"
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"] == "agrees (p 1), 1 diverged"
+    assert t.loc[("boston (n=506)", "Ensemble 4-layer"), "ours"] == "not run"
+    assert t.loc[("yacht (n=308)", "MCD 4-layer"), "ours"] == "not run"
+    assert t.loc[("yacht (n=308)", "SGHMC 1-layer"), "ours"] == "not run"
     full = report.uci_table(s, "mnll")
-    assert full.loc["yacht (n=308)", ("GP", "ours")].startswith("diverged")
-    assert full.loc["yacht (n=308)", ("GP", "verdict")] == "failed"
-    assert full.loc["boston (n=506)", ("Ensemble 1-layer", "verdict")].startswith("worse (p ")
-    assert report.uci_table(s, "rmse").loc["yacht (n=308)", ("GP", "verdict")] == "too few splits"
-    assert report.uci_table(s, "rmse").loc["yacht (n=308)", ("GP", "ours")] == "0.00100 (1)"
+    assert len(full) == 2 * 6
+    assert full.loc[("yacht (n=308)", "GP"), "ours"].startswith("diverged")
+    assert full.loc[("yacht (n=308)", "GP"), "verdict"] == "failed"
+    assert full.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"].startswith("worse (p ")
+    assert report.uci_table(s, "rmse").loc[("yacht (n=308)", "GP"), "verdict"] == "too few splits"
+    assert report.uci_table(s, "rmse").loc[("yacht (n=308)", "GP"), "ours"] == "0.00100 (1)"
 
 
 def test_uci_table_prints_significant_digits():
@@ -63,11 +66,12 @@ def test_uci_table_prints_significant_digits():
     recs = _records({("naval", "ensemble", 1): [(0.00123, -5.6, 0.95), (0.00131, -5.5, 0.95), (0.00119, -5.7, 0.9)]})
     s = uci.summarise(recs, UCIConfig(datasets=("naval",), methods=("ensemble-1",)))
     t = report.uci_table(s, "rmse")
+    row = ("naval (n=11934)", "Ensemble 1-layer")
     # mean 0.0012433, SD (ddof 1) 6.11e-5, SE 3.53e-5 (by hand)
-    assert t.loc["naval (n=11934)", ("Ensemble 1-layer", "ours")] == "0.00124 ± 0.000035 (SD 0.000061, 3)"
+    assert t.loc[row, "ours"] == "0.00124 ± 0.000035 (SD 0.000061, 3)"
     # the paper's 0.00 ± 0.00 is taken as SD 0.005 (half its last digit): SE 0.005 / sqrt(10)
-    assert t.loc["naval (n=11934)", ("Ensemble 1-layer", "paper")] == "0.00 ± 0.0016 (SD 0.00, 10)"
-    assert t.loc["naval (n=11934)", ("Ensemble 1-layer", "verdict")].startswith("agrees")
+    assert t.loc[row, "paper"] == "0.00 ± 0.0016 (SD 0.00, 10)"
+    assert t.loc[row, "verdict"].startswith("agrees")
 
 
 def test_uci_verdict_counts(summary):
@@ -245,3 +249,35 @@ def test_lbfgs_variant_cells_read_the_committed_records():
     assert "torch.optim.LBFGS, fixed step (history 100)" in labels and "optax, fixed step (memory 10)" in labels
     with pytest.raises(ValueError, match="unknown lbfgs_linesearch 'bfgs'"):
         uci.lbfgs_label("bfgs", 10)
+
+
+def _cells_csv(folder: Path, rows):
+    folder.mkdir(parents=True)
+    recs = []
+    for ds, split, meth, layers, rmse, mnll in rows:
+        recs.append({"dataset": ds, "split": split, "method": meth, "hidden_layers": layers, "noise_var": 0.1,
+                     "noise_var_std_units": 0.01, "test_rmse": rmse, "test_mnll": mnll, "coverage95": 0.95,
+                     "wall_s": 1.0, "diverged_particles": 0, "n_components": 200, "selection": "validation"})
+    (folder / "cells.csv").write_text(uci.cells_csv(recs))
+
+
+def test_paper_scale_summary_joins_records(tmp_path):
+    # two records on the same splits: ensembles on Yacht and Boston, MC dropout on Yacht only
+    _cells_csv(tmp_path / "a", [("yacht", k, "ensemble", 1, 1.0 + k, 2.0) for k in range(3)]
+               + [("boston", 0, "ensemble", 1, 3.0, 2.5)])
+    _cells_csv(tmp_path / "b", [("yacht", k, "mcd", 4, 0.5, 1.5) for k in range(2)])
+    s, cells = uci.paper_scale_summary(tmp_path / "a", tmp_path / "b")
+    assert len(cells) == 6
+    assert s["datasets"] == ["boston", "yacht"]  # the datasets with a cell, in the paper's order
+    by = {(r["dataset"], r["method"], r["hidden_layers"], r["metric"]): r for r in s["rows"]}
+    assert by[("yacht", "ensemble", 1, "rmse")]["mean"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    assert by[("yacht", "ensemble", 1, "rmse")]["n_splits"] == 3
+    assert by[("yacht", "mcd", 4, "mnll")]["n_splits"] == 2
+    t = report.uci_table(s, "rmse")
+    assert len(t) == 2 * 6 and t.loc[("yacht (n=308)", "GP"), "ours"] == "not run"
+    # the same cell in two records is an error naming it
+    _cells_csv(tmp_path / "c", [("yacht", 1, "ensemble", 1, 9.0, 9.0)])
+    with pytest.raises(ValueError, match=r"\('yacht', 'ensemble', 1, 1\) is in both"):
+        uci.paper_scale_summary(tmp_path / "a", tmp_path / "c")
+    with pytest.raises(ValueError, match="at least one record"):
+        uci.paper_scale_summary()

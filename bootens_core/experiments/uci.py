@@ -89,6 +89,7 @@ __all__ = [
     "published_reference",
     "summarise",
     "restate",
+    "paper_scale_summary",
     "result_cells",
     "cells_csv",
     "lbfgs_check",
@@ -102,6 +103,7 @@ __all__ = [
     "priority",
     "cost_units",
     "grid_batch",
+    "grid_batches",
     "ensemble_optimizer",
     "gp_available",
     "reference_times",
@@ -227,11 +229,10 @@ def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_s
         if size == 1:
             return [fit_ensemble(key, x, y, x_eval, nv) for nv in noise_grid]
         preds = []
-        for start in range(0, len(noise_grid), size):
-            part = list(noise_grid[start:start + size])
+        for part, n_real in grid_batches(noise_grid, size):
             results = ensemble.train_grid(key, model, x, y, noise_grid=part, n_particles=cfg.n_particles, opt=opt,
                                           steps=steps, dtype=dtype, on_diverged="report")
-            preds += [predict(res, x_eval, nv) for res, nv in zip(results, part, strict=True)]
+            preds += [predict(res, x_eval, nv) for res, nv in zip(results[:n_real], part[:n_real], strict=True)]
         return preds
 
     return Method("ensemble", layers, True, fit_ensemble, fit_ensemble_grid)
@@ -262,6 +263,28 @@ def grid_batch(cfg: UCIConfig, n_rows: int, in_dim: int, layers: int, grid_size:
                            + n_params * (2 * cfg.lbfgs_memory + 8))
     fit = int(limit // 4 // (per_particle * cfg.n_particles))
     return max(1, min(int(grid_size), fit))
+
+
+def grid_batches(noise_grid: Sequence[float], size: int) -> list[tuple[list[float], int]]:
+    """The sigma^2 grid cut into batches of one length, so that a cell compiles one program for all of them.
+
+    At most ``size`` values a batch, as few batches as that allows and as even as possible (9 values at
+    ``size`` 4: 3, 3, 3); a batch shorter than the others is padded by repeating its last value. Returns
+    ``(values, n_real)`` per batch, in grid order: its first ``n_real`` values are the grid's, the rest padding
+    whose results are dropped (a block of :func:`bootens_core.ensemble.train_grid` depends only on its own
+    value, so padding changes no real block's particles but by float rounding)."""
+    grid = [float(v) for v in noise_grid]
+    if not grid:
+        raise ValueError("noise_grid is empty")
+    if int(size) < 1:
+        raise ValueError(f"a grid batch needs at least one value, got size {size}")
+    n_batches = -(-len(grid) // int(size))
+    length = -(-len(grid) // n_batches)
+    out = []
+    for start in range(0, len(grid), length):
+        part = grid[start:start + length]
+        out.append((part + [part[-1]] * (length - len(part)), len(part)))
+    return out
 
 
 def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
@@ -534,6 +557,31 @@ def restate(result: store.Result, level: float = LEVEL) -> dict[str, Any]:
         if k in result.summary:
             out[k] = result.summary[k]
     return out
+
+
+def paper_scale_summary(*folders: str | Path, level: float = LEVEL) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The paper-scale records of ``folders`` read as one table: ``(summary, cells)``.
+
+    The cells of every folder's ``cells.csv`` (records made on the same splits with the same seed and
+    harness, e.g. the ensemble-and-GP record and the MC-dropout-and-SGHMC record) are summarised together by
+    :func:`summarise` under the paper profile, over every method column of the paper and the datasets that
+    have at least one cell (in the paper's order). A dataset × split × method found in two folders is an
+    error: the records would disagree on what the cell is."""
+    if not folders:
+        raise ValueError("paper_scale_summary needs at least one record folder")
+    cells: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str, int, int], str] = {}
+    for folder in folders:
+        for rec in record_cells(folder):
+            key = (rec["dataset"], rec["method"], int(rec["hidden_layers"]), int(rec["split"]))
+            if key in seen:
+                raise ValueError(f"cell {key} is in both {seen[key]} and {folder}")
+            seen[key] = str(folder)
+            cells.append(rec)
+    present = {rec["dataset"] for rec in cells}
+    paper = UCIConfig.paper()
+    cfg = dataclasses.replace(paper, datasets=tuple(d for d in uci.DATASETS if d in present))
+    return summarise(cells, cfg, level), cells
 
 
 def lbfgs_label(linesearch: str | None, memory: int) -> str:

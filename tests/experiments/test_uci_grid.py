@@ -44,6 +44,24 @@ def test_grid_batch_rules():
         UCIConfig(noise_grid_batch=-1)
 
 
+def test_grid_batches_have_one_length():
+    grid = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0]
+    for size in range(1, 12):
+        batches = uci.grid_batches(grid, size)
+        lengths = {len(values) for values, _ in batches}
+        assert len(lengths) == 1 and max(lengths) <= size  # one compiled shape, within the memory bound
+        assert len(batches) == -(-len(grid) // min(size, len(grid)))  # as few batches as the bound allows
+        assert [v for values, n in batches for v in values[:n]] == grid  # every value once, in order
+        for values, n in batches:
+            assert values[n:] == [values[n - 1]] * (len(values) - n)  # padding repeats the last real value
+    assert uci.grid_batches(grid, 4) == [(grid[0:3], 3), (grid[3:6], 3), (grid[6:9], 3)]
+    assert uci.grid_batches(grid, 5) == [(grid[0:5], 5), (grid[5:9] + [1.0], 4)]
+    with pytest.raises(ValueError, match="at least one value"):
+        uci.grid_batches(grid, 0)
+    with pytest.raises(ValueError, match="empty"):
+        uci.grid_batches([], 2)
+
+
 _MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[3] / "shared" / "data" / "uci")
 
 
