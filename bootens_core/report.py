@@ -20,6 +20,7 @@ __all__ = [
     "Text",
     "Verdict",
     "Provenance",
+    "deep_relu_reference",
     "verdict_table",
     "univariate_verdict",
     "linear_verdicts",
@@ -119,19 +120,27 @@ class Provenance:
         return f"Provenance of the {self.label}: " + ", ".join(parts)
 
     def fields(self) -> list[tuple[str, str]]:
-        """Every field, nested mappings flattened to dotted names (``versions.jax``), in the record's order."""
+        """Every field as (readable label, value), in the record's order; nested mappings give labels such as
+        ``versions: jax`` and ``device: kind``; ``wall_time_s`` reads ``wall time (s)``."""
         out: list[tuple[str, str]] = []
 
-        def walk(prefix: str, value: Any) -> None:
+        def label(name: str) -> str:
+            words = name.replace("_", " ")
+            for end, unit in ((" s", " (s)"), (" utc", " (UTC)"), (" bytes", " (bytes)")):
+                if words.endswith(end):
+                    return words[: -len(end)] + unit
+            return words
+
+        def walk(prefix: str, value: Any, raw: str) -> None:
             if isinstance(value, Mapping):
                 for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+                    walk(f"{prefix}: {label(str(k))}" if prefix else label(str(k)), v, str(k))
             elif isinstance(value, float):
-                out.append((prefix, f"{value:.1f}" if prefix.endswith("_s") else f"{value:.6g}"))
+                out.append((prefix, f"{value:.1f}" if raw.endswith("_s") else f"{value:.6g}"))
             else:
                 out.append((prefix, str(value)))
 
-        walk("", self.prov)
+        walk("", self.prov, "")
         return out
 
     def __repr__(self) -> str:
@@ -431,6 +440,33 @@ def deep_relu_along(s: dict[str, Any]) -> pd.DataFrame:
                      "|log sd ratio| in noise units": abs(np.log(r)) / us,
                      "rule": "agrees" if ok else "differs"})
     return pd.DataFrame(rows).set_index("step")
+
+
+# The NUTS reference's diagnostics and noise scale, the paper's MH acceptance: (label, summary key).
+_DEEP_RELU_REFERENCE = (
+    ("NUTS predictive R-hat, max over x", "nuts_rhat_max"), ("NUTS predictive R-hat, mean", "nuts_rhat_mean"),
+    ("NUTS bulk ESS, min over x", "nuts_ess_min"), ("NUTS divergent transitions", "nuts_divergences"),
+    ("NUTS leapfrog steps per draw", "nuts_mean_num_steps"), ("NUTS mean acceptance", "nuts_accept_rate"),
+    ("NUTS draws", "nuts_draws_total"),
+    ("NUTS half vs half: mean |Δmean| / sd", "reference_split_mean_abs_diff_mean"),
+    ("NUTS half vs half: median sd ratio", "reference_split_sd_ratio_median"),
+    ("NUTS half vs half: band coverage", "reference_split_band_coverage"),
+    ("noise unit: mean |Δmean| / sd, mean over half splits", "reference_noise_mad"),
+    ("noise unit: |log sd ratio|, rms over half splits", "reference_noise_log_sd"),
+    ("half splits of the chains", "reference_noise_partitions"),
+    ("paper's MH, faithful prior: acceptance", "mh_faithful_accept_rate"),
+    ("paper's MH, deviation prior: acceptance", "mh_deviation_accept_rate"),
+)
+
+
+def deep_relu_reference(s: dict[str, Any]) -> pd.DataFrame:
+    """The deep-ReLU chapter's reference, by readable label: NUTS's convergence diagnostics, its half-vs-half
+    noise (the unit of the agreement rule) and the paper's MH acceptance rates, from the run's summary ``s``
+    (NaN for a quantity the run did not compute)."""
+    return pd.DataFrame(
+        {"value": [float(s.get(key, float("nan"))) for _, key in _DEEP_RELU_REFERENCE]},
+        index=pd.Index([label for label, _ in _DEEP_RELU_REFERENCE], name="quantity"),
+    )
 
 
 def theory_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
@@ -976,6 +1012,11 @@ _CLASS_METHODS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", 
 _CLASS_METRICS = ("accuracy", "mnll", "ece")
 
 
+def _dataset_label(name: str) -> str:
+    """A dataset's name as a reader reads it (``breast_cancer`` -> ``breast cancer``)."""
+    return name.replace("_", " ")
+
+
 def classification_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
     """Verdicts of the classification chapter.
 
@@ -1018,7 +1059,7 @@ def classification_table(s: dict[str, Any]) -> pd.DataFrame:
         for m, label in _CLASS_METHODS.items():
             e = entry[m]
             rows.append({
-                "dataset": f"{ds} ({entry['n_splits']} splits)",
+                "dataset": f"{_dataset_label(ds)} ({entry['n_splits']} splits)",
                 "method": label,
                 "accuracy": f"{e['accuracy']:.3f} ± {e['accuracy_std']:.3f}",
                 "MNLL": f"{e['mnll']:.3f} ± {e['mnll_std']:.3f}",
@@ -1047,8 +1088,9 @@ def classification_paired(result: Any, other: str = "plain", level: float = 0.95
                 verdict = "better" if sign * d.mean() > 0 else "worse"
             else:
                 verdict = "no clear difference"
-            rows.append({"dataset": ds, "metric": metric.upper() if metric != "accuracy" else metric,
-                         f"bootstrap − {_CLASS_METHODS[other].lower()}": round(float(d.mean()), 4),
+            name = _CLASS_METHODS[other]
+            rows.append({"dataset": _dataset_label(ds), "metric": metric.upper() if metric != "accuracy" else metric,
+                         f"bootstrap − {name if name.startswith('MC') else name.lower()}": round(float(d.mean()), 4),
                          "std. error": round(float(se), 4), "splits": int(n), "bootstrap is": verdict})
     return pd.DataFrame(rows).set_index(["dataset", "metric"])
 
@@ -1059,12 +1101,12 @@ def classification_buys(result: Any, other: str = "plain") -> Text:
     df = classification_paired(result, other)
     parts = []
     for ds in result.summary["real"]:
-        sub = df.loc[ds]
+        sub = df.loc[_dataset_label(ds)]
         n = int(sub["splits"].iloc[0])
         col = [c for c in sub.columns if c.startswith("bootstrap − ")][0]
         found = [f"{'better' if v == 'better' else 'worse'} {m} ({sub.loc[m, col]:+.3f} ± {sub.loc[m, 'std. error']:.3f})"
                  for m, v in sub["bootstrap is"].items() if v != "no clear difference"]
-        parts.append(f"{ds} ({n} splits): " + ("; ".join(found) if found else "no significant difference"))
+        parts.append(f"{_dataset_label(ds)} ({n} splits): " + ("; ".join(found) if found else "no significant difference"))
     return Text(". ".join(parts) + ".")
 
 

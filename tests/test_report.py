@@ -291,6 +291,15 @@ def test_classification_paired_verdicts_follow_the_t_test():
     d = boot[:, 2] - base[:, 2]
     assert abs(d.mean()) < stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
     assert df.loc[("d", "ECE"), "bootstrap is"] == "no clear difference"
+    # a dataset's name as a reader reads it, the baseline named as the chapter names it
+    res = _FakeResult({"real": {"breast_cancer": {}}},
+                      {"breast_cancer_bootstrap_metrics": boot, "breast_cancer_mcd_metrics": base})
+    df = report.classification_paired(res, "mcd")
+    assert list(df.index.get_level_values(0).unique()) == ["breast cancer"]
+    assert "bootstrap − MC dropout" in df.columns
+    # accuracy: mean -0.020, SE 0.00041; MNLL: mean -0.100, SE 0.0041 (by hand)
+    assert str(report.classification_buys(res, "mcd")) == (
+        "breast cancer (4 splits): worse accuracy (-0.020 ± 0.000); better MNLL (-0.100 ± 0.004).")
 
 
 def test_classification_verdict_rule():
@@ -392,8 +401,26 @@ def test_provenance_block_is_collapsed_and_complete():
     page = block._repr_html_()
     assert page.startswith("<details") and page.count("<details") == 1 and "open" not in page
     assert "<summary>Provenance of the paper-scale record: NVIDIA H100, 2026-11-23, commit f4cc185</summary>" in page
-    assert "<th style='text-align:left'>versions.jax</th><td>0.10.2</td>" in page
-    assert "<td>3941.3</td>" in page and "<td>&lt;b&gt;</td>" in page  # seconds to 0.1 s; text escaped
+    assert "<th style='text-align:left'>versions: jax</th><td>0.10.2</td>" in page
+    assert "<th style='text-align:left'>device: kind</th><td>NVIDIA H100</td>" in page
+    assert "<th style='text-align:left'>finished (UTC)</th>" in page and "<th style='text-align:left'>git commit</th>" in page
+    assert "<th style='text-align:left'>wall time (s)</th><td>3941.3</td>" in page  # seconds to 0.1 s
+    assert "<td>&lt;b&gt;</td>" in page  # text escaped
     assert repr(report.Provenance({}, "x")) == "Provenance of the x: device not recorded"
     with pytest.raises(TypeError, match="provenance mapping"):
         report.Provenance("cpu", "x")
+
+
+def test_deep_relu_reference_table_reads_the_summary():
+    keys = ["nuts_rhat_max", "nuts_rhat_mean", "nuts_ess_min", "nuts_divergences", "nuts_mean_num_steps",
+            "nuts_accept_rate", "nuts_draws_total", "reference_split_mean_abs_diff_mean",
+            "reference_split_sd_ratio_median", "reference_split_band_coverage", "reference_noise_mad",
+            "reference_noise_log_sd", "reference_noise_partitions", "mh_faithful_accept_rate",
+            "mh_deviation_accept_rate"]
+    s = {k: float(i) for i, k in enumerate(keys)}
+    del s["reference_split_band_coverage"]  # not computed by this run
+    t = report.deep_relu_reference(s)
+    assert list(t.index)[0] == "NUTS predictive R-hat, max over x" and len(t) == len(keys)
+    assert t.loc["NUTS bulk ESS, min over x", "value"] == keys.index("nuts_ess_min")
+    assert np.isnan(t.loc["NUTS half vs half: band coverage", "value"])
+    assert not any("_" in label for label in t.index)  # readable labels, no summary keys
