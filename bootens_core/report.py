@@ -957,33 +957,39 @@ _PM_NAME = {"SE": "SE", "SD": "SD", "unstated": "± not stated"}
 
 def uci_published(*ours: dict[str, Any]) -> pd.DataFrame:
     """Published results of other papers on the same standard UCI splits (not ours, not the paper's:
-    :func:`bootens_core.experiments.uci.published_reference`), one column per source and method, rows per
-    dataset and metric (MNLL: a published test log-likelihood is shown negated, its ± unchanged). Each entry
-    carries its ± convention (``SE``, ``SD`` or ``± not stated``). With ``ours`` (summaries, e.g. of the
-    paper-scale records), our methods' mean ± SE (splits) follow in columns labelled ``ours:``."""
+    :func:`bootens_core.experiments.uci.published_reference`): one row per dataset and source (a published
+    method, or one of ours), columns ``RMSE`` and ``MNLL`` (a published test log-likelihood is shown negated,
+    its ± unchanged). Each published entry carries its ± convention (``SE``, ``SD`` or ``± not stated``). With
+    ``ours`` (summaries, e.g. of the paper-scale records), our methods' mean ± SE (splits) follow each dataset's
+    published rows, labelled ``ours:``; a method of ours with no cell in any summary has no rows."""
     from .experiments.uci import published_reference
 
     pub = published_reference()
     datasets = list(dict.fromkeys(r["dataset"] for r in pub))
-    index = pd.MultiIndex.from_tuples([(d, m.upper()) for d in datasets for m in ("rmse", "mnll")],
-                                      names=["dataset", "metric"])
-    data: dict[str, list[str]] = {}
-    for label in dict.fromkeys(r["label"] for r in pub):
-        got = {(r["dataset"], r["metric"].upper()): r for r in pub if r["label"] == label}
-        data[label] = [
-            (f"{got[k]['mean']:.2f} ± {got[k]['pm']:.2f} ({_PM_NAME[got[k]['pm_convention']]})" if k in got
-             else "—") for k in index]
+    got = {(r["dataset"], r["label"], r["metric"].upper()): r for r in pub}
+    sources = [(label, None) for label in dict.fromkeys(r["label"] for r in pub)]
+    mine: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     if ours:
         mine = {(r["dataset"], r["metric"].upper(), r["method"], int(r["hidden_layers"])): r
                 for s in ours for r in s["rows"] if r["metric"] in ("rmse", "mnll")}
-        for meth, layers in UCI_TABLES23:
-            if not any(k[2:] == (meth, layers) for k in mine):
-                continue
-            data[f"ours: {_UCI_LABELS[(meth, layers)]}"] = [
-                (f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} ({r['n_splits']})"
-                 if (r := mine.get((d, m, meth, layers))) is not None and np.isfinite(r.get("se", np.nan))
-                 else ("not run" if r is None else _ours(r))) for d, m in index]
-    return pd.DataFrame(data, index=index)
+        sources += [(f"ours: {_UCI_LABELS[(meth, layers)]}", (meth, layers)) for meth, layers in UCI_TABLES23
+                    if any(k[2:] == (meth, layers) for k in mine)]
+
+    def entry(d: str, label: str, method: tuple[str, int] | None, metric: str) -> str:
+        if method is None:
+            r = got.get((d, label, metric))
+            return f"{r['mean']:.2f} ± {r['pm']:.2f} ({_PM_NAME[r['pm_convention']]})" if r else "—"
+        r = mine.get((d, metric, *method))
+        if r is None:
+            return "not run"
+        return f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} ({r['n_splits']})" if np.isfinite(r.get("se", np.nan)) else _ours(r)
+
+    index = pd.MultiIndex.from_tuples([(d, label) for d in datasets for label, _ in sources], names=["dataset", "source"])
+    return pd.DataFrame(
+        {metric: [entry(d, label, method, metric) for d in datasets for label, method in sources]
+         for metric in ("RMSE", "MNLL")},
+        index=index,
+    )
 
 
 def uci_published_sources() -> pd.DataFrame:
