@@ -1043,19 +1043,19 @@ def classification_agreement(s: dict[str, Any]) -> pd.DataFrame:
     """Agreement with NUTS on the grid: the bootstrap and plain ensembles at the paper's alpha_eps, the
     alpha_eps study, and NUTS against itself (half of its chains vs the other half: the noise floor)."""
     rows = [
-        (f"Bootstrap ensemble, alpha_eps = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["band_mad_vs_mcmc"],
+        (f"Bootstrap ensemble, α_ε = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["band_mad_vs_mcmc"],
          s["band_coverage_vs_mcmc"]),
-        (f"Plain ensemble, alpha_eps = {s['alpha_eps']:g}", s["plain_prob_mad_vs_mcmc"], s["plain_band_mad_vs_mcmc"],
+        (f"Plain ensemble, α_ε = {s['alpha_eps']:g}", s["plain_prob_mad_vs_mcmc"], s["plain_band_mad_vs_mcmc"],
          s["plain_band_coverage_vs_mcmc"]),
     ]
     for a, v in s.get("alpha_eps_study", {}).items():
         if float(a) != float(s["alpha_eps"]):
-            rows.append((f"Bootstrap ensemble, alpha_eps = {a}", v["prob_mad"], v["band_mad"], v["band_coverage"]))
+            rows.append((f"Bootstrap ensemble, α_ε = {a}", v["prob_mad"], v["band_mad"], v["band_coverage"]))
     rows.append(("NUTS vs NUTS (half the chains each)", s["reference_split_prob_mad"], s["reference_split_band_mad"],
                  float("nan")))
     df = pd.DataFrame(rows, columns=["distribution of classifiers", "mean |Δ mean p|", "mean |Δ band edge|",
                                      "share of NUTS band covered"])
-    return df.round(3)
+    return df.set_index("distribution of classifiers").round(3)
 
 
 def classification_table(s: dict[str, Any]) -> pd.DataFrame:
