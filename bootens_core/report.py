@@ -51,6 +51,8 @@ __all__ = [
     "uci_claim",
     "uci_published",
     "uci_published_sources",
+    "gaussian_mnll",
+    "uci_mnll_excess",
     "classification_verdicts",
     "classification_agreement",
     "classification_table",
@@ -990,6 +992,95 @@ def uci_published(*ours: dict[str, Any]) -> pd.DataFrame:
          for metric in ("RMSE", "MNLL")},
         index=index,
     )
+
+
+def gaussian_mnll(rmse: Any) -> Any:
+    """The mean negative log-likelihood that a Gaussian predictive centred on the predictions, with one
+    variance for every point set to the squared RMSE (the variance that minimises that MNLL), scores:
+    ``0.5 * log(2 * pi * e * rmse**2)``. An MNLL above it means the predictive variances cost more than one
+    well-chosen constant variance would; below it, that they follow the errors."""
+    r = np.asarray(rmse, dtype=float)
+    if np.any(~(r > 0)):
+        raise ValueError(f"gaussian_mnll needs positive RMSEs, got {rmse!r}")
+    out = 0.5 * np.log(2 * np.pi * np.e * r**2)
+    return float(out) if out.ndim == 0 else out
+
+
+def _excess(mnll: float, mnll_se: float, rmse: float, rmse_se: float) -> tuple[float, float]:
+    # SE of mean MNLL - gaussian_mnll(mean RMSE), the two means' errors taken as independent (MNLL and log RMSE
+    # rise together over splits, so this overstates the SE: the conservative side).
+    return mnll - gaussian_mnll(rmse), float(np.hypot(mnll_se, rmse_se / rmse))
+
+
+def _tally(t: list[int], excess: float, se: float) -> None:
+    t[0] += excess > 2 * se
+    t[1] += excess < -2 * se
+    t[2] += 1
+
+
+def uci_mnll_excess(records: Sequence[Mapping[str, Any]] = ()) -> tuple[pd.DataFrame, Text]:
+    """The MNLL of each UCI column above the Gaussian level of its own RMSE (:func:`gaussian_mnll` at the mean
+    RMSE over splits), the paper's (from its published means; "—" where its RMSE rounds to 0) and, for the
+    cells in ``records`` (per-split records, e.g. of the paper-scale records), ours, computed the same way.
+
+    Per split, a Gaussian with the split's squared RMSE as its variance scores ``gaussian_mnll`` of that RMSE,
+    and the mean of those over splits is at most the level at the mean RMSE (the log is concave), so an excess
+    clearly above 0 says the predictive variances are worse, on average, than one constant variance per split.
+    The ± is an SE: the published SD over splits over the root of the paper's number of splits (an SD printed
+    as 0.00 taken as 0.005), ours the SD over splits over the root of their number, combined as if
+    independent (conservative). The paper's RMSEs are rounded to 0.01; the rounding moves its excess by at
+    most ``0.005 / rmse`` nats, included in its ± when larger than the SE.
+
+    Returns the table (one row per dataset and method column, columns ``paper: RMSE, MNLL``, ``paper: excess``
+    and ``ours: excess``) and a sentence counting, per method column, the datasets whose excess lies more than
+    two SEs above 0, and more than two below, in the paper and in ours (a description, not a test of a claim).
+    """
+    from .data.uci import PAPER_SPLITS
+    from .experiments.uci import paper_reference
+
+    ref = paper_reference()
+    by_cell: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for r in records:
+        by_cell.setdefault((r["dataset"], r["method"], int(r["hidden_layers"])), []).append(r)
+    datasets = list(dict.fromkeys(d for d, *_ in ref))
+    rows, index = [], []
+    count: dict[tuple[str, int], dict[str, list[int]]] = {}  # [above, below, compared]
+    for d in datasets:
+        for meth, layers in UCI_TABLES23:
+            p_rmse, p_mnll = ref.get((d, meth, layers, "rmse")), ref.get((d, meth, layers, "mnll"))
+            if p_rmse is None or p_mnll is None:
+                continue
+            n_p = PAPER_SPLITS[d]
+            tally = count.setdefault((meth, layers), {"paper": [0, 0, 0], "ours": [0, 0, 0]})
+            paper_pair = f"{p_rmse[0]:.2f}, {p_mnll[0]:.2f}"
+            if p_rmse[0] > 0.005:
+                e, se = _excess(p_mnll[0], max(p_mnll[1], 0.005) / np.sqrt(n_p), p_rmse[0],
+                                max(p_rmse[1], 0.005) / np.sqrt(n_p))
+                se = max(se, 0.005 / (p_rmse[0] - 0.005))
+                paper_e = f"{_sig(e, 2)} ± {_sig(se, 2)}"
+                _tally(tally["paper"], e, se)
+            else:
+                paper_e = "— (RMSE rounds to 0)"
+            cell = by_cell.get((d, meth, layers), [])
+            rm = np.array([float(r["test_rmse"]) for r in cell])
+            nl = np.array([float(r["test_mnll"]) for r in cell])
+            if len(cell) >= 2 and np.all(np.isfinite(rm)) and np.all(np.isfinite(nl)) and np.all(rm > 0):
+                k = len(cell)
+                e, se = _excess(nl.mean(), nl.std(ddof=1) / np.sqrt(k), rm.mean(), rm.std(ddof=1) / np.sqrt(k))
+                ours_e = f"{_sig(e, 2)} ± {_sig(se, 2)} ({k})"
+                _tally(tally["ours"], e, se)
+            else:
+                ours_e = "not run" if not cell else f"— ({len(cell)} split{'s' if len(cell) != 1 else ''})"
+            index.append((d, _UCI_LABELS[(meth, layers)]))
+            rows.append({"paper: RMSE, MNLL": paper_pair, "paper: excess": paper_e, "ours: excess": ours_e})
+    def said(t: list[int]) -> str:
+        return f"{t[0]} above, {t[1]} below of {t[2]}" if t[2] else "not run"
+
+    text = Text("datasets whose MNLL lies more than two SEs above or below the Gaussian level of its RMSE — "
+                + "; ".join(f"{_UCI_LABELS[m]}: paper {said(t['paper'])}, ours {said(t['ours'])}"
+                            for m, t in count.items()))
+    table = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]))
+    return table, text
 
 
 def uci_published_sources() -> pd.DataFrame:

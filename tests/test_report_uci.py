@@ -281,3 +281,49 @@ def test_paper_scale_summary_joins_records(tmp_path):
         uci.paper_scale_summary(tmp_path / "a", tmp_path / "c")
     with pytest.raises(ValueError, match="at least one record"):
         uci.paper_scale_summary()
+
+
+def test_gaussian_mnll_is_the_mnll_of_a_gaussian_at_the_rmse():
+    from scipy import stats
+
+    errors = np.random.default_rng(0).standard_t(3, size=1000) * 0.7
+    rmse = float(np.sqrt(np.mean(errors**2)))
+    # A Gaussian centred on the predictions with variance rmse**2, scored on the same errors: closed form.
+    direct = -np.mean(stats.norm.logpdf(errors, scale=rmse))
+    assert report.gaussian_mnll(rmse) == pytest.approx(direct, rel=1e-12)
+    # ... and rmse**2 is the constant variance that minimises it.
+    for scale in (0.9 * rmse, 1.1 * rmse):
+        assert -np.mean(stats.norm.logpdf(errors, scale=scale)) > direct
+    np.testing.assert_allclose(report.gaussian_mnll([1.0, np.e]), [0.5 * np.log(2 * np.pi * np.e)] * 2 + np.array([0, 1]))
+    with pytest.raises(ValueError, match="positive RMSEs"):
+        report.gaussian_mnll([1.0, 0.0])
+
+
+def test_uci_mnll_excess_paper_and_ours():
+    g = report.gaussian_mnll
+    # Ours on Power's GP: splits whose MNLL is exactly their own Gaussian level, and Yacht's 1-layer ensemble 1
+    # nat above it on every split.
+    rm = np.array([3.8, 4.0, 4.1, 3.9])
+    recs = _records({("power", "gp", 0): [(r, g(r), 0.95) for r in rm],
+                     ("yacht", "ensemble", 1): [(r, g(r) + 1.0, 0.95) for r in (0.6, 0.8, 0.7)],
+                     ("wine", "gp", 0): [(0.6, 0.9, 0.95)]})
+    table, text = report.uci_mnll_excess(recs)
+    assert len(table) == 54
+    # The paper's GP on Power: 6.92 against the level of RMSE 3.90, its SE from the published SD 2.94 over 10 splits
+    # (the RMSE's SD 0.11 adds little).
+    e, se = 6.92 - g(3.90), np.hypot(2.94 / np.sqrt(10), 0.11 / np.sqrt(10) / 3.90)
+    got_e, got_se = (float(v) for v in table.loc[("power", "GP"), "paper: excess"].split(" ± "))
+    assert got_e == pytest.approx(e, abs=0.05) and got_se == pytest.approx(se, abs=0.005)
+    assert abs(e - 4.14) < 0.01
+    assert table.loc[("power", "GP"), "paper: RMSE, MNLL"] == "3.90, 6.92"
+    # Splits at their own level lie at or below the level of the mean RMSE (the log is concave), never above.
+    ours = table.loc[("power", "GP"), "ours: excess"]
+    want = g(rm).mean() - g(rm.mean())
+    assert want < 0 and ours.startswith(f"{want:.2g}") and ours.endswith("(4)")
+    assert table.loc[("yacht", "Ensemble 1-layer"), "ours: excess"].startswith("0.99")
+    assert table.loc[("wine", "GP"), "ours: excess"] == "— (1 split)"
+    assert table.loc[("boston", "GP"), "ours: excess"] == "not run"
+    assert table.loc[("naval", "GP"), "paper: excess"] == "— (RMSE rounds to 0)"
+    assert "GP: paper 5 above, 0 below of 8, ours 0 above, 0 below of 1" in str(text)
+    assert "Ensemble 1-layer: paper" in str(text) and "ours 1 above, 0 below of 1" in str(text)
+    assert "Ensemble 4-layer: paper 2 above, 1 below of 8, ours not run" in str(text)
