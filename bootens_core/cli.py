@@ -211,6 +211,14 @@ def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:
     try:
         result = _stored_result(mod, outcome.store_dir, cfg)
     except FileNotFoundError:
+        if outcome.ran:
+            # Cells are stored under a hash of their settings and of their method's source, taken when the run
+            # began: finding none of them now means that source (or a setting) changed while the run went on.
+            print(f"bootens: the {len(outcome.ran)} cell(s) run now are not under this checkout's cell-store key: "
+                  "the package's source or the settings changed while the run went on"
+                  + (f" ({outcome.pack} holds the cells)" if outcome.pack is not None else "")
+                  + f"; nothing written to {args.out}", file=sys.stderr)
+            return 1
         print(f"bootens: no finished cell of this configuration yet: nothing written to {args.out}",
               file=sys.stderr)
         return 1 if outcome.failed else 0

@@ -533,3 +533,20 @@ def test_committed_records_read_back_from_their_cells_csv(folder, tmp_path):
                                                                            b["n_splits"])
         assert b["mean"] == pytest.approx(a["mean"], rel=1e-5, abs=1e-12)
         assert b["std"] == pytest.approx(a["std"], rel=1e-4, abs=1e-9)
+
+
+def test_cli_says_when_the_cells_run_now_are_no_longer_found(tmp_path, monkeypatch, capsys):
+    """A run whose cells cannot be read back at its end (the source changed under it, so the store key moved)
+    says so, names the pack that holds them, writes no summary and exits 1 -- not "no finished cell yet"."""
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache"))
+    pack = tmp_path / "cells.tar.gz"
+    done = uci.PendingRun(ran=[Cell("yacht", 0, "gp")], remaining=[], failed=[], skipped=[], notes=[],
+                          stored_before=[], store_dir=tmp_path / "empty", pack=pack)
+    monkeypatch.setattr(uci, "run_pending", lambda *a, **k: done)
+    argv = ["run", "uci", "--profile", "quick", "--quiet", "--datasets", "yacht", "--methods", "gp",
+            "--pack", str(pack), "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert ("the 1 cell(s) run now are not under this checkout's cell-store key: the package's source or the "
+            f"settings changed while the run went on ({pack} holds the cells); nothing written to") in err
+    assert "no finished cell" not in err and not (tmp_path / "o" / "uci").exists()
