@@ -667,7 +667,8 @@ def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
     the SD over splits on both sides; :func:`bootens_core.experiments.uci.compare_with_paper`) gives
     p >= 5%; else it is *better* (lower) or *worse*. With many cells some differ by chance at 5% each;
     ``differ_holm`` counts those that differ at a family-wise 5% over the cells of the summary (Holm).
-    ``computed`` says only what no rounding can change (cells compared and failed).
+    ``computed`` says only what no rounding can change (cells compared and failed); ``differ_holm`` names the
+    cells that differ at the family-wise level, with the side of the paper's mean they fall on ("none").
     """
     rows = [r for r in summary["rows"] if r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
     names = ("agrees", "better", "worse", "failed", "too few splits")
@@ -677,7 +678,14 @@ def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
     holm = summary.get("cells_differ_holm", 0)
     level = summary.get("level", 0.05)
     few = f", {count['too few splits']} with too few splits" if count["too few splits"] else ""
+    from .experiments.uci import holm as _holm_rejections
+
+    differ = [r for r, d in zip(rows, _holm_rejections([r["p"] for r in rows], level)) if d]
+    named = ", ".join(
+        f"{_UCI_LABELS[(r['method'], int(r['hidden_layers']))]} {r['dataset'].capitalize()} {r['metric'].upper()} "
+        f"({'below' if r['mean'] < r['paper_mean'] else 'above'} the paper's)" for r in differ)
     return {
+        "differ_holm": Text(named or "none"),
         "computed": Text(f"{n} RMSE/MNLL cells compared with the paper, {count['failed']} failed"),
         "agree": Text(f"{count['agrees']} of {n}"),
         "counts": Text(

@@ -233,7 +233,7 @@ class PageVisit:
         would have to scroll sideways to see its last columns), an image or code block that runs off the
         window without a box of its own to scroll in."""
         return self.page.evaluate(
-            """() => {
+            r"""() => {
                 const width = document.documentElement.clientWidth;
                 const out = [];
                 if (document.documentElement.scrollWidth > width + 1) {

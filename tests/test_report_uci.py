@@ -84,6 +84,24 @@ def test_uci_verdict_counts(summary):
                                 "5% (Holm); 1 diverged particles")
     # The checked form counts only what rounding cannot change: cells compared and cells that failed.
     assert str(v["computed"]) == "4 RMSE/MNLL cells compared with the paper, 1 failed"
+    # The cell that differs at the family-wise level is named, with its side of the paper's mean.
+    assert str(v["differ_holm"]) == "Ensemble 1-layer Boston MNLL (above the paper's)"
+
+
+def test_uci_verdicts_name_the_holm_cells():
+    def row(ds, metric, mean, paper, p):
+        return {"dataset": ds, "method": "gp", "hidden_layers": 0, "metric": metric, "mean": mean,
+                "paper_mean": paper, "p": p, "verdict": "agrees" if p >= 0.05 else "better"}
+
+    # Holm over 3 p-values at 5%: 0.001 <= 0.05/3 and 0.02 <= 0.05/2 are rejected, then 0.2 > 0.05 stops.
+    s = {"rows": [row("wine", "mnll", 0.9, 1.07, 0.02), row("kin8nm", "mnll", -1.2, -0.5, 0.001),
+                  row("yacht", "rmse", 0.5, 0.49, 0.2)]}
+    assert str(report.uci_verdicts(s)["differ_holm"]) == ("GP Wine MNLL (below the paper's), "
+                                                          "GP Kin8nm MNLL (below the paper's)")
+    s["rows"][0]["p"] = 0.03  # 0.03 > 0.05/2: only Kin8nm
+    assert str(report.uci_verdicts(s)["differ_holm"]) == "GP Kin8nm MNLL (below the paper's)"
+    s["rows"][1]["p"] = 0.5
+    assert str(report.uci_verdicts(s)["differ_holm"]) == "none"
 
 
 def test_uci_coverage_pivot(summary):
