@@ -666,7 +666,7 @@ def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
     A cell *agrees* when the two-sided Welch-type t-test of our mean over splits against the paper's (SE from
     the SD over splits on both sides; :func:`bootens_core.experiments.uci.compare_with_paper`) gives
     p >= 5%; else it is *better* (lower) or *worse*. With many cells some differ by chance at 5% each;
-    ``differ_holm`` counts those that differ at a family-wise 5% over the cells of the summary (Holm).
+    ``counts`` also gives how many differ at a family-wise 5% over the cells of the summary (Holm).
     ``computed`` says only what no rounding can change (cells compared and failed); ``differ_holm`` names the
     cells that differ at the family-wise level, with the side of the paper's mean they fall on ("none").
     """
@@ -678,9 +678,9 @@ def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
     holm = summary.get("cells_differ_holm", 0)
     level = summary.get("level", 0.05)
     few = f", {count['too few splits']} with too few splits" if count["too few splits"] else ""
-    from .experiments.uci import holm as _holm_rejections
+    from .experiments.uci import holm as holm_rejects
 
-    differ = [r for r, d in zip(rows, _holm_rejections([r["p"] for r in rows], level)) if d]
+    differ = [r for r, d in zip(rows, holm_rejects([r["p"] for r in rows], level)) if d]
     named = ", ".join(
         f"{_UCI_LABELS[(r['method'], int(r['hidden_layers']))]} {r['dataset'].capitalize()} {r['metric'].upper()} "
         f"({'below' if r['mean'] < r['paper_mean'] else 'above'} the paper's)" for r in differ)
@@ -1077,10 +1077,13 @@ def uci_mnll_excess(records: Sequence[Mapping[str, Any]] = ()) -> tuple[pd.DataF
                 e, se = _excess(nl.mean(), nl.std(ddof=1) / np.sqrt(k), rm.mean(), rm.std(ddof=1) / np.sqrt(k))
                 ours_e = f"{_sig(e, 2)} ± {_sig(se, 2)} ({k})"
                 _tally(tally["ours"], e, se)
+            elif not cell:
+                ours_e = "not run"
             else:
-                ours_e = "not run" if not cell else f"— ({len(cell)} split{'s' if len(cell) != 1 else ''})"
+                ours_e = "— (1 split)" if len(cell) == 1 else f"— (not finite on a split of {len(cell)})"
             index.append((d, _UCI_LABELS[(meth, layers)]))
             rows.append({"paper: RMSE, MNLL": paper_pair, "paper: excess": paper_e, "ours: excess": ours_e})
+
     def said(t: list[int]) -> str:
         return f"{t[0]} above, {t[1]} below of {t[2]}" if t[2] else "not run"
 

@@ -324,7 +324,8 @@ def test_uci_mnll_excess_paper_and_ours():
     rm = np.array([3.8, 4.0, 4.1, 3.9])
     recs = _records({("power", "gp", 0): [(r, g(r), 0.95) for r in rm],
                      ("yacht", "ensemble", 1): [(r, g(r) + 1.0, 0.95) for r in (0.6, 0.8, 0.7)],
-                     ("wine", "gp", 0): [(0.6, 0.9, 0.95)]})
+                     ("wine", "gp", 0): [(0.6, 0.9, 0.95)],
+                     ("concrete", "gp", 0): [(5.0, float("nan"), 0.95), (5.1, 3.0, 0.95)]})
     table, text = report.uci_mnll_excess(recs)
     assert len(table) == 54
     # The paper's GP on Power: 6.92 against the level of RMSE 3.90, its SE from the published SD 2.94 over 10 splits
@@ -341,6 +342,7 @@ def test_uci_mnll_excess_paper_and_ours():
     assert table.loc[("yacht", "Ensemble 1-layer"), "ours: excess"].startswith("0.99")
     assert table.loc[("wine", "GP"), "ours: excess"] == "— (1 split)"
     assert table.loc[("boston", "GP"), "ours: excess"] == "not run"
+    assert table.loc[("concrete", "GP"), "ours: excess"] == "— (not finite on a split of 2)"
     assert table.loc[("naval", "GP"), "paper: excess"] == "— (RMSE rounds to 0)"
     assert "GP: paper 5 above, 0 below of 8, ours 0 above, 0 below of 1" in str(text)
     assert "Ensemble 1-layer: paper" in str(text) and "ours 1 above, 0 below of 1" in str(text)
