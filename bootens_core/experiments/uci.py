@@ -294,8 +294,8 @@ def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: fl
         from .. import gp
 
         # Exact GPR on more than 2000 training rows (Kin8nm, Naval, Power) takes the closed-form gradient of the
-        # marginal likelihood: the same objective and optimum, ~4.7x fewer CPU seconds per evaluation at
-        # n = 7373 (gp.fit_predict). Up to 2000 rows TensorFlow's automatic gradient: the committed GP cells of
+        # marginal likelihood, computed with LAPACK: the same objective and optimum, 3-20x fewer CPU seconds per
+        # evaluation (gp.fit_predict). Up to 2000 rows TensorFlow's automatic gradient: the committed GP cells of
         # the small datasets stay as they are. (A literal here: the family hash reads this function's source.)
         fast = {"gradient": "closed_form"} if kind == "gpr" and len(y) > 2000 else {}
         g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter,
