@@ -58,9 +58,16 @@ def small_gpr(small):
     return gp.fit_predict(jax.random.key(0), *small, method="gpr")
 
 
-def test_gpr_matches_the_closed_form_at_its_hyperparameters(small, small_gpr):
+@pytest.fixture(scope="module")
+def small_gpr_lapack(small):
+    """The fit with the closed-form gradient computed in numpy/LAPACK (``gradient="closed_form"``)."""
+    return gp.fit_predict(jax.random.key(0), *small, method="gpr", gradient="closed_form")
+
+
+@pytest.mark.parametrize("fit_name", ["small_gpr", "small_gpr_lapack"], ids=["autodiff", "closed_form"])
+def test_gpr_matches_the_closed_form_at_its_hyperparameters(small, fit_name, request):
     x, y, x_test = small
-    fit = small_gpr
+    fit = request.getfixturevalue(fit_name)
     assert fit.method == "gpr" and fit.converged and 0 < fit.n_iter <= 1000
     assert fit.mean.shape == fit.var.shape == (15,)
     assert fit.mean.dtype == fit.var.dtype == np.float64
@@ -71,10 +78,12 @@ def test_gpr_matches_the_closed_form_at_its_hyperparameters(small, small_gpr):
     assert "isotropic squared-exponential" in fit.description and "L-BFGS-B" in fit.description
 
 
-def test_gpr_hyperparameters_are_a_maximum_of_the_marginal_likelihood(small, small_gpr):
+@pytest.mark.parametrize("fit_name", ["small_gpr", "small_gpr_lapack"], ids=["autodiff", "closed_form"])
+def test_gpr_hyperparameters_are_a_maximum_of_the_marginal_likelihood(small, fit_name, request):
     """Moving any of the 3 fitted hyper-parameters by +-5% never increases the numpy marginal likelihood."""
     x, y, _ = small
-    fitted = np.array([small_gpr.lengthscale, small_gpr.signal_var, small_gpr.noise_var])
+    fit = request.getfixturevalue(fit_name)
+    fitted = np.array([fit.lengthscale, fit.signal_var, fit.noise_var])
     best = _lml(x, y, *fitted)
     for i in range(3):
         for factor in (0.95, 1.05):
@@ -238,10 +247,11 @@ def test_svgp_minibatch_adam_improves_the_elbo(small):
     assert np.all(np.isfinite(long.mean)) and np.all(long.var > 0)
 
 
-def test_overflowing_data_raise_instead_of_returning_nans():
+@pytest.mark.parametrize("gradient", gp.GRADIENTS)
+def test_overflowing_data_raise_instead_of_returning_nans(gradient):
     x = np.linspace(-1, 1, 10)[:, None]
     with pytest.raises(RuntimeError, match="GP fit failed for gpr on n=10"):
-        gp.fit_predict(jax.random.key(0), x, np.full(10, 1e200), x, method="gpr")
+        gp.fit_predict(jax.random.key(0), x, np.full(10, 1e200), x, method="gpr", gradient=gradient)
 
 
 @pytest.mark.parametrize(
