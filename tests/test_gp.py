@@ -247,6 +247,53 @@ def test_svgp_minibatch_adam_improves_the_elbo(small):
     assert np.all(np.isfinite(long.mean)) and np.all(long.var > 0)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sgpr_closed_form_loss_and_gradient_match_gpflow(seed):
+    """The closed-form SGPR objective and its gradient (hyper-parameters and inducing inputs, through GPflow's
+    transforms) against GPflow's own training loss and TensorFlow's automatic gradient, at random settings
+    (n = 300, d = 3, M = 25; inducing inputs near training inputs, as fit_predict starts them)."""
+    tf, gpflow = gp._import_tf()  # the module's own helpers: the closed form is checked term by term here
+    rng = np.random.default_rng(seed)
+    n, d, m = 300, 3, 25
+    x = rng.normal(size=(n, d))
+    y = np.sin(x[:, 0]) + 0.3 * x[:, 1] * x[:, 2] + 0.2 * rng.normal(size=n)
+    y = (y - y.mean()) / y.std()
+    kernel = gpflow.kernels.SquaredExponential(variance=rng.uniform(0.3, 3.0), lengthscales=rng.uniform(0.5, 2.0))
+    likelihood = gpflow.likelihoods.Gaussian(variance=rng.uniform(0.01, 0.5), variance_lower_bound=1e-6)
+    z = x[rng.choice(n, m, replace=False)] + 0.01 * rng.normal(size=(m, d))
+    model = gpflow.models.SGPR((x, y[:, None]), kernel, z, likelihood=likelihood)
+    out = []
+    for loss in (model.training_loss, gp._sgpr_loss_closed_form_gradient(tf, gpflow, model)):
+        with tf.GradientTape() as tape:
+            value = loss()
+        grads = tape.gradient(value, model.trainable_variables)
+        out.append((float(value), np.concatenate([np.ravel(g.numpy()) for g in grads])))
+    (value_tf, grad_tf), (value_np, grad_np) = out
+    assert value_np == pytest.approx(value_tf, rel=1e-11)
+    assert grad_np.shape == grad_tf.shape == (3 + m * d,)
+    np.testing.assert_allclose(grad_np, grad_tf, rtol=1e-8, atol=1e-9 * np.max(np.abs(grad_tf)))
+
+
+def test_sgpr_closed_form_fit_follows_the_autodiff_fit():
+    """fit_predict wires the closed-form SGPR loss in: over its first 10 L-BFGS-B iterations from the same
+    inducing inputs it follows the autodiff fit (the same bound and predictions up to the round-off that
+    L-BFGS-B's line searches amplify: 7e-10 relative on the bound on one CPU; a wiring error, such as a
+    parameter without its gradient, shows at order one). Run to convergence the two stop at the same bound
+    to ~1e-8, but at points that differ along its flat directions (the inducing inputs)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 2))
+    y = np.sin(1.5 * x[:, 0]) + 0.5 * x[:, 1] + 0.1 * rng.normal(size=400)
+    y = (y - y.mean()) / y.std()
+    x_test = rng.normal(size=(30, 2))
+    auto, closed = (gp.fit_predict(jax.random.key(0), x, y, x_test, method="svgp", n_inducing=15, max_iter=10,
+                                   gradient=g) for g in gp.GRADIENTS)
+    assert "closed-form gradient" in closed.description and "closed-form" not in auto.description
+    assert closed.n_iter == auto.n_iter == 10
+    assert closed.objective == pytest.approx(auto.objective, rel=1e-7)
+    np.testing.assert_allclose(closed.mean, auto.mean, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(closed.var, auto.var, rtol=1e-6)
+
+
 @pytest.mark.parametrize("gradient", gp.GRADIENTS)
 def test_overflowing_data_raise_instead_of_returning_nans(gradient):
     x = np.linspace(-1, 1, 10)[:, None]
@@ -271,7 +318,8 @@ def test_overflowing_data_raise_instead_of_returning_nans(gradient):
         ({"max_iter": 0}, r"max_iter must be a positive integer"),
         ({"init_noise_var": -1.0}, r"init_noise_var must be a finite number"),
         ({"gradient": "numeric"}, r"unknown gradient 'numeric'; known gradients: autodiff, closed_form"),
-        ({"method": "svgp", "n_inducing": 3, "gradient": "closed_form"}, r"applies to method 'gpr' only"),
+        ({"method": "svgp", "n_inducing": 3, "minibatch": 2, "gradient": "closed_form"},
+         r"gradient='closed_form' applies to full-batch fits only"),
         ({"warm_start_rows": 0}, r"warm_start_rows must be None or a positive integer, got 0"),
         ({"warm_start_rows": 2.5}, r"warm_start_rows must be None or a positive integer, got 2.5"),
         ({"warm_start_rows": True}, r"warm_start_rows must be None or a positive integer, got True"),
