@@ -1,17 +1,21 @@
 """bootens_core — bootstrap ensembles as (approximate) Bayesian inference, in JAX.
 
 The executable core of the companion book of Milios, Michiardi & Filippone, "A Variational View on
-Bootstrap Ensembles as Bayesian Inference". One module per concept:
+Bootstrap Ensembles as Bayesian Inference". Two layers. The library, one module or folder per question:
 
-- :mod:`~bootens_core.config`   experiment configurations with ``quick()`` and ``paper()`` profiles
-- :mod:`~bootens_core.models`   model functions ``f(params, x)`` and their Gaussian priors
-- :mod:`~bootens_core.perturb`  parametric-bootstrap perturbations and the (perturbed) log joints
-- :mod:`~bootens_core.ensemble` Algorithm 1: all particles trained at once (vmap + lax.scan, optax)
-- :mod:`~bootens_core.linear`   exact Bayesian linear regression, perturbed MAP, KL and self-distance
-- :mod:`~bootens_core.metrics`  RMSE, mixture MNLL, Gaussian KL
-- :mod:`~bootens_core.store`    result cache with provenance
-- :mod:`~bootens_core.plots`    every figure of the book
-- :mod:`~bootens_core.cli`      the ``bootens`` command
+- :mod:`~bootens_core.models`    model functions ``f(params, x)`` and their Gaussian priors
+- :mod:`~bootens_core.perturb`   parametric-bootstrap perturbations and the (perturbed) log joints
+- :mod:`~bootens_core.ensemble`  Algorithm 1: all particles trained at once (vmap + lax.scan, optax)
+- :mod:`~bootens_core.samplers`  reference samplers: Metropolis-Hastings, NUTS, scale-adapted SGHMC
+- :mod:`~bootens_core.baselines` Gaussian processes and Monte Carlo dropout
+- :mod:`~bootens_core.exact`     exact Bayesian linear regression, grid posteriors, the theorems measured
+- :mod:`~bootens_core.metrics`   RMSE, mixture MNLL, Gaussian KL, calibration
+- :mod:`~bootens_core.classification` classification as heteroscedastic latent regression
+- :mod:`~bootens_core.data`      the UCI benchmark, tabular and synthetic data
+
+and the reproduction of the paper on top of it, :mod:`~bootens_core.repro` (configurations and profiles,
+the experiments of every chapter, the result store, tables, figures, benchmarks and the ``bootens``
+command). The library never imports the reproduction layer.
 
 Importing the package enables JAX's 64-bit mode: comparisons against analytic posteriors run in float64,
 and every experiment states the dtype its networks train in (``dtype`` config field), so float32

@@ -42,7 +42,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from . import ensemble
-from .models import Model, Params, prior_logpdf
+from .models import Model, Params, prior_logpdf, zeros
 
 __all__ = [
     "ALPHA_EPS",
@@ -178,7 +178,7 @@ def train(
     climb the same log joint. Other arguments as :func:`ensemble.train`.
     """
     targets = transform(labels, n_classes, alpha_eps)
-    outputs = ensemble._model_outputs(model, np.asarray(x))
+    outputs = ensemble.model_outputs(model, np.asarray(x))
     c = targets.y.shape[1]
     if outputs != c:
         raise ValueError(f"the model has {outputs or 1} output(s) but the labels have {c} classes: use out_dim={c}")
@@ -221,7 +221,6 @@ def log_joint(model: Model, params: Params, x: jax.Array, labels: jax.Array) -> 
 
 def log_density_fn(model: Model, x: Any, labels: Any, dtype: Any = jnp.float64):
     """:func:`log_joint` as a function of one flat parameter vector, and the unravel map (for NUTS)."""
-    from .mcmc._common import _template
 
     arr, _ = check_labels(labels)
     x_np = np.asarray(x)
@@ -229,7 +228,7 @@ def log_density_fn(model: Model, x: Any, labels: Any, dtype: Any = jnp.float64):
     if x_np.shape[0] != arr.shape[0]:
         raise ValueError(f"x has {x_np.shape[0]} rows but there are {arr.shape[0]} labels")
     x_j, y_j = jnp.asarray(x_np, dtype), jnp.asarray(arr)
-    _, unravel = ravel_pytree(_template(model, dtype))
+    _, unravel = ravel_pytree(zeros(model, dtype))
 
     def log_density(theta: jax.Array) -> jax.Array:
         return log_joint(model, unravel(theta), x_j, y_j)

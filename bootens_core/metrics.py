@@ -1,5 +1,6 @@
-"""Metrics: RMSE, MNLL of the predictive mixture, Gaussian KL, interval coverage; for classifiers accuracy,
-MNLL and the expected calibration error (ECE) with its reliability diagram.
+"""A method's predictive mixture (:class:`Prediction`) and metrics: RMSE, MNLL of the predictive mixture,
+Gaussian KL, interval coverage; for classifiers accuracy, MNLL and the expected calibration error (ECE) with
+its reliability diagram.
 
 MNLL is always the negative log density of the *mixture* of the particles' predictive Gaussians,
 computed with log-sum-exp (never the average of per-particle log densities).
@@ -7,12 +8,13 @@ computed with log-sum-exp (never the average of per-particle log densities).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.special import logsumexp, ndtr
 
 __all__ = [
+    "Prediction",
     "rmse",
     "mixture_mnll",
     "mixture_cdf",
@@ -25,6 +27,24 @@ __all__ = [
     "reliability",
     "ece",
 ]
+
+
+class Prediction(NamedTuple):
+    """A predictive mixture: components ``N(f[j, i], var[i])`` with equal weights (what a method predicts).
+
+    Attributes:
+        f: ``(k, n)`` component means (``k = 1`` for a Gaussian predictive such as the GP's).
+        var: predictive variance of each component: a scalar or one per point ``(n,)``.
+        diverged: components dropped because their parameters or outputs were not finite.
+        noise_var: the likelihood variance the method fitted itself (``None`` when it was given one).
+        info: anything else worth keeping (fitted hyper-parameters, iterations).
+    """
+
+    f: np.ndarray
+    var: Any
+    diverged: int = 0
+    noise_var: float | None = None
+    info: dict[str, Any] | None = None
 
 
 def rmse(y: np.ndarray, pred_mean: np.ndarray) -> float:

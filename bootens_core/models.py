@@ -7,6 +7,7 @@ so every model here is a "Gaussian prior and likelihood" model in the sense of t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -23,6 +24,8 @@ __all__ = [
     "trig_features",
     "scalar_linear",
     "toy_relu",
+    "template",
+    "zeros",
     "prior_sample",
     "prior_logpdf",
     "n_params",
@@ -46,7 +49,8 @@ class Model(NamedTuple):
 
     Attributes:
         apply: ``apply(params, x) -> (n,)`` latent function values at the ``n`` inputs.
-        shapes: pytree with the structure of the parameters whose leaves are shape tuples.
+        shapes: pytree with the structure of the parameters whose leaves give each parameter's shape: shape
+            tuples, ``jax.ShapeDtypeStruct`` or arrays (only their shapes count); :func:`template` reads it.
         prior_var: pytree with the structure of the parameters whose leaves are scalar prior variances.
         features: for models linear in their parameters, ``features(x) -> (n, D)`` with
             ``apply({"w": w}, x) == features(x) @ w``; ``None`` otherwise.
@@ -60,8 +64,29 @@ class Model(NamedTuple):
     name: str = "model"
 
 
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+def template(model: Model, dtype: Any = None) -> Params:
+    """The parameters of ``model`` as a pytree of ``jax.ShapeDtypeStruct`` leaves (the structure and shapes of
+    one draw, no data): what ``jax.eval_shape``, ``jax.tree.map(jnp.zeros_like, ...)`` or ``ravel_pytree`` of
+    zeros need. Leaves of ``model.shapes`` may be shape tuples, ``ShapeDtypeStruct`` or arrays; ``dtype`` sets
+    every leaf's dtype (default: JAX's default float dtype).
+
+    Raises ``ValueError`` naming the leaf whose shape is not a tuple of non-negative integers.
+    """
+    dtype = jnp.zeros((), dtype).dtype if dtype is not None else jnp.zeros(()).dtype
+
+    def leaf(path: Any, s: Any) -> jax.ShapeDtypeStruct:
+        shape = getattr(s, "shape", s)
+        if not (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise ValueError(
+                f"model.shapes leaf {jax.tree_util.keystr(path) or '<root>'} is {s!r}: give a shape tuple of "
+                "non-negative integers, a jax.ShapeDtypeStruct or an array"
+            )
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    def is_leaf(s: Any) -> bool:
+        return hasattr(s, "shape") or (isinstance(s, tuple) and all(isinstance(d, int) for d in s))
+
+    return jax.tree_util.tree_map_with_path(leaf, model.shapes, is_leaf=is_leaf)
 
 
 def mlp(
@@ -150,15 +175,20 @@ def toy_relu(prior_var: float = 1.0) -> Model:
     return Model(apply=apply, shapes={"w": (2,)}, prior_var={"w": float(prior_var)}, name="ReLU(w1 x)+ReLU(w2 x)")
 
 
+def zeros(model: Model, dtype: Any = None) -> Params:
+    """Parameters of ``model`` set to zero (``ravel(zeros(model, dtype))[1]`` unflattens vectors of its size)."""
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template(model, dtype))
+
+
 def prior_sample(key: jax.Array, model: Model, n: int | None = None, dtype: Any = jnp.float64) -> Params:
     """Draw parameters from the prior; with ``n``, a leading axis of ``n`` independent draws."""
-    leaves, treedef = jax.tree.flatten(model.shapes, is_leaf=_is_shape)
+    leaves, treedef = jax.tree.flatten(template(model, dtype))
     variances = treedef.flatten_up_to(model.prior_var)
     keys = jax.random.split(key, len(leaves))
     lead = () if n is None else (n,)
     draws = [
-        jnp.sqrt(jnp.asarray(v, dtype)) * jax.random.normal(k, lead + shape, dtype)
-        for k, shape, v in zip(keys, leaves, variances, strict=True)
+        jnp.sqrt(jnp.asarray(v, dtype)) * jax.random.normal(k, lead + leaf.shape, dtype)
+        for k, leaf, v in zip(keys, leaves, variances, strict=True)
     ]
     return jax.tree.unflatten(treedef, draws)
 
@@ -178,14 +208,7 @@ def prior_logpdf(model: Model, params: Params, mean: Params | None = None) -> ja
 
 def n_params(model: Model) -> int:
     """The number ``m`` of scalar parameters."""
-    leaves = jax.tree.leaves(model.shapes, is_leaf=_is_shape)
-    total = 0
-    for shape in leaves:
-        size = 1
-        for d in shape:
-            size *= d
-        total += size
-    return total
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(template(model)))
 
 
 def ravel(params: Params) -> tuple[jax.Array, Callable[[jax.Array], Params]]:

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from scipy.special import expit, log_softmax, logsumexp, softmax
 
-from bootens_core import classification, ensemble, mcmc, models
+from bootens_core import classification, ensemble, samplers, models
 
 
 def test_transform_values_for_the_papers_alpha_eps():
@@ -157,12 +157,12 @@ def test_nuts_on_the_categorical_likelihood_matches_quadrature():
     model = models.mlp(1, (), out_dim=2, weight_var=v, bias_var=v)
     log_density, unravel = classification.log_density_fn(model, x, labels)
     init = 0.1 * jax.random.normal(jax.random.key(1), (4, models.n_params(model)), jnp.float64)
-    samples, info, _, _, _ = mcmc.nuts(jax.random.key(2), log_density, init, n_warmup=500, n_draws=1000)
+    samples, info, _, _, _ = samplers.nuts(jax.random.key(2), log_density, init, n_warmup=500, n_draws=1000)
     flat = samples.reshape(-1, samples.shape[-1])
     params = jax.vmap(unravel)(jnp.asarray(flat))
     p = classification.predict_proba(model, params, np.array([x0]), np.zeros(2))[:, 0, 1]
     chains = p.reshape(4, 1000)
-    ess = float(mcmc.ess(chains[..., None], "mean")[0])
+    ess = float(samplers.ess(chains[..., None], "mean")[0])
     se = p.std() / np.sqrt(ess)
     assert sum(info["n_divergent"]) == 0
     assert abs(p.mean() - exact) < 4 * se, (p.mean(), exact, se)

@@ -212,3 +212,34 @@ def test_unknown_activation_is_named():
 def test_non_positive_width_raises():
     with pytest.raises(ValueError, match="positive"):
         models.mlp(1, (5, 0))
+
+
+def test_template_gives_shape_dtype_structs_of_every_leaf():
+    model = models.mlp(3, (4,), "relu")
+    tpl = models.template(model, jnp.float32)
+    leaves = jax.tree.leaves(tpl)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)
+    assert [leaf.shape for leaf in leaves] == [(4,), (3, 4), (1,), (4, 1)]  # tree order: b before w
+    assert {leaf.dtype for leaf in leaves} == {np.dtype(np.float32)}
+    # jax understands it: the output shape of the model from shapes alone
+    out = jax.eval_shape(model.apply, tpl, jax.ShapeDtypeStruct((7, 3), jnp.float32))
+    assert out.shape == (7,)
+    assert models.n_params(model) == 3 * 4 + 4 + 4 + 1
+
+
+def test_template_accepts_arrays_and_structs_as_shape_leaves():
+    arrays = models.Model(lambda p, x: x @ p["w"], {"w": np.zeros((2, 1))}, {"w": 1.0})
+    structs = arrays._replace(shapes={"w": jax.ShapeDtypeStruct((2, 1), jnp.float16)})
+    for m in (arrays, structs):
+        tpl = models.template(m, jnp.float32)
+        assert tpl["w"].shape == (2, 1) and tpl["w"].dtype == np.float32
+        zeros = models.zeros(m, jnp.float32)
+        assert zeros["w"].shape == (2, 1) and not np.any(np.asarray(zeros["w"]))
+    draws = models.prior_sample(KEY, structs, 5, dtype=jnp.float32)
+    assert draws["w"].shape == (5, 2, 1)
+
+
+def test_template_names_a_bad_shape_leaf():
+    model = models.Model(lambda p, x: x, {"w": (2, -1), "b": (1,)}, {"w": 1.0, "b": 1.0})
+    with pytest.raises(ValueError, match=r"model.shapes leaf \['w'\] is \(2, -1\)"):
+        models.template(model)

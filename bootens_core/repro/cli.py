@@ -1,0 +1,534 @@
+"""The ``bootens`` command: list experiments and run them into a results folder.
+
+    bootens list
+    bootens run univariate --profile quick               # -> bootens-out/univariate/
+    bootens run linear --profile paper --out runs/ --force
+    bootens run uci --profile paper --datasets boston yacht --methods ensemble-1 gp --workers 2
+    bootens run uci --profile paper --stored-only     # summarise the cells finished so far
+    bootens run uci --profile paper --time-budget 480 --shard 0/2 --pack cells-0.tar.gz   # a short GPU window
+    bootens fold-cells cells-0.tar.gz cells-1.tar.gz --profile paper --into results/paper/uci
+    bootens bench --quick                             # particle throughput -> bootens-out/bench/bench.json
+    bootens bench --case uci-cell --profile paper --datasets yacht protein   # real ensemble cells, timed
+
+``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
+summary. Results are cached (see :mod:`bootens_core.repro.store`); ``--force`` recomputes. Without ``--out``, results go
+to ``bootens-out/`` in the current folder, never beside the committed record under ``results/``.
+
+``run uci`` with ``--time-budget SECONDS``, ``--shard I/N`` or ``--pack FILE`` runs only the pending cells, in
+priority order (ensembles, 4 layers and the large datasets first; then MC dropout and SGHMC; GP last), starting
+a cell only when its estimated seconds fit in the budget left (counted from the command's start), and prints
+one line per dataset and method of what remains with its estimated seconds (rules:
+:func:`bootens_core.repro.experiments.uci.run_pending`). ``--pack`` writes the cells computed (``--pack-all``: every
+stored cell of the configuration) into one ``.tar.gz``; ``fold-cells`` merges such packs into the local cell
+store, refusing cells made with other settings or code (``--force`` takes them), and rewrites the record folder
+``--into`` as ``--stored-only`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main", "DEFAULT_OUT"]
+
+# Where `run` and `bench` write without --out: apart from results/, which holds the committed record.
+DEFAULT_OUT = "bootens-out"
+# The clock of --time-budget (counted from the start of main()).
+_clock = time.monotonic
+
+
+def _writable_dir(path: str, flag: str = "--out") -> str | None:
+    """Create ``path`` (and parents) and check that a file can be written there; return a one-line reason
+    if not. Called before any computation, so a long run never ends in a traceback about its output."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    try:
+        if target.exists() and not target.is_dir():
+            return f"{flag} {path}: exists and is not a folder"
+        target.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".bootens-write-test-", dir=target)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{flag} {path}: cannot write there ({exc.strerror or exc})"
+    return None
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from . import experiments
+
+    width = max(len(n) for n in experiments.REGISTRY)
+    for name, mod in sorted(experiments.REGISTRY.items()):
+        print(f"{name:<{width}}  {', '.join(mod.ARTEFACTS):<32}  {mod.DESCRIPTION}")
+    return 0
+
+
+def _configure(mod, args: argparse.Namespace):
+    """The experiment's config for ``--profile``, ``--seed``/``--datasets``/``--methods``/``--workers`` and
+    ``--set``; an ``int`` exit status (after one line on stderr) when they are not valid."""
+    import dataclasses
+
+    from . import config
+
+    cfg = config.for_profile(mod.Config, args.profile)
+    overrides = {"seed": args.seed, "datasets": args.datasets, "methods": args.methods, "workers": args.workers}
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name not in fields:
+            print(f"bootens: {mod.NAME} does not take --{name}", file=sys.stderr)
+            return 2
+        if name == "methods" and hasattr(mod, "expand_methods"):
+            try:
+                value = mod.expand_methods(value)
+            except ValueError as exc:
+                print(f"bootens: {exc}", file=sys.stderr)
+                return 2
+        cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
+    for item in args.set or []:
+        name, sep, text = item.partition("=")
+        if not sep or name not in fields:
+            print(f"bootens: --set takes FIELD=VALUE with a field of {type(cfg).__name__}, got {item!r}",
+                  file=sys.stderr)
+            return 2
+        current = getattr(cfg, name)
+        try:
+            value = json.loads(text) if not isinstance(current, str) else text
+            if isinstance(current, tuple):
+                value = tuple(value)
+            elif isinstance(current, bool) and not isinstance(value, bool):
+                raise ValueError(name)
+            elif type(current) is int and (isinstance(value, bool) or value != int(value)):
+                raise ValueError(name)
+            elif type(current) in (int, float):
+                value = type(current)(value)
+        except (ValueError, TypeError):
+            print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__})", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, **{name: value})
+    return cfg
+
+
+def _stored_result(mod, root, cfg, kept=()):
+    """The result of the cells finished in the cell store ``root`` (what ``--stored-only`` writes): the summary
+    lists the missing ones and the wall time is the cells' own; ``cell_devices`` counts the cells per device.
+    ``kept``: an earlier record's rows standing for cells not in the store (counted as "earlier record")."""
+    from . import store
+
+    result = mod.from_cells(root, cfg, store.provenance(), kept)
+    result.provenance["wall_time_s"] = result.summary["wall_s_cells_total"]
+    result.provenance["assembled_from_stored_cells"] = True
+    devices = mod.cell_devices(root, cfg)
+    if result.summary.get("cells_kept"):
+        devices["earlier record"] = result.summary["cells_kept"]
+    result.provenance["cell_devices"] = devices
+    return result
+
+
+def _scheduled_options(args: argparse.Namespace) -> bool:
+    return any(v not in (None, False, []) for v in (args.time_budget, args.shard, args.pack, args.pack_all,
+                                                     args.cell_times, args.default_cell_s))
+
+
+def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:
+    """``run uci`` with --time-budget / --shard / --pack: the pending cells within the budget, what remains."""
+    import math
+    from pathlib import Path
+
+    from . import cellpack, config, store
+
+    if not hasattr(mod, "run_pending"):
+        print(f"bootens: --time-budget, --shard and --pack are for experiments stored cell by cell (uci), not "
+              f"{mod.NAME}", file=sys.stderr)
+        return 2
+    if args.stored_only:
+        print("bootens: --stored-only computes nothing: it takes no --time-budget, --shard or --pack",
+              file=sys.stderr)
+        return 2
+    budget = args.time_budget
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        print(f"bootens: --time-budget takes a positive number of seconds, got {budget:g}", file=sys.stderr)
+        return 2
+    default_s = 600.0 if args.default_cell_s is None else args.default_cell_s
+    if not (math.isfinite(default_s) and default_s > 0):
+        print(f"bootens: --default-cell-s takes a positive number of seconds, got {default_s:g}",
+              file=sys.stderr)
+        return 2
+    try:
+        part = cellpack.parse_shard(args.shard) if args.shard is not None else (0, 1)
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    if args.pack_all and not args.pack:
+        print("bootens: --pack-all says what --pack FILE holds: give --pack too", file=sys.stderr)
+        return 2
+    if args.pack:
+        if not args.pack.endswith((".tar.gz", ".tgz")):
+            print(f"bootens: --pack {args.pack}: a cell pack is a .tar.gz (or .tgz) file", file=sys.stderr)
+            return 2
+        problem = _writable_dir(str(Path(args.pack).parent), "--pack")
+        if problem:
+            print(f"bootens: {problem}", file=sys.stderr)
+            return 2
+    try:
+        refs = mod.reference_times(args.cell_times or [])
+        outcome = mod.run_pending(
+            key, cfg, budget_s=budget, shard=part, references=refs, default_s=default_s, pack=args.pack,
+            pack_all=args.pack_all, force=args.force, progress=not args.quiet, start=args._start,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    for note in outcome.notes:
+        print(f"bootens: {note}", file=sys.stderr)
+    for cell, reason in outcome.failed:
+        print(f"bootens: cell {cell.label} failed, not stored: {reason}", file=sys.stderr)
+    spent = _clock() - args._start
+    print(f"bootens: ran {len(outcome.ran)} cell(s) of shard {part[0]}/{part[1]} in {spent:.0f} s"
+          + (f" of a {budget:g} s budget" if budget is not None else "")
+          + f" ({len(outcome.stored_before)} were stored already)", file=sys.stderr)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for cell, est in outcome.remaining:
+        groups.setdefault((cell.dataset, cell.method), []).append(est)
+    skipped = {(c.dataset, c.method) for c in outcome.skipped}
+    for (dataset, method), ests in groups.items():
+        why = " (GP cells skipped: GPflow/TensorFlow not installed)" if (dataset, method) in skipped else ""
+        print(f"bootens: remaining {dataset}/{method}: {len(ests)} cell(s), ~{sum(ests):.0f} s estimated{why}",
+              file=sys.stderr)
+    total = sum(e for _, e in outcome.remaining)
+    print(f"bootens: remaining in all: {len(outcome.remaining)} cell(s), ~{total:.0f} s estimated"
+          if outcome.remaining else "bootens: remaining: none", file=sys.stderr)
+    if outcome.pack is not None:
+        print(f"bootens: wrote {outcome.pack}", file=sys.stderr)
+    try:
+        result = _stored_result(mod, outcome.store_dir, cfg)
+    except FileNotFoundError:
+        if outcome.ran:
+            # Cells are stored under a hash of their settings and of their method's source, taken when the run
+            # began: finding none of them now means that source (or a setting) changed while the run went on.
+            print(f"bootens: the {len(outcome.ran)} cell(s) run now are not under this checkout's cell-store key: "
+                  "the package's source or the settings changed while the run went on"
+                  + (f" ({outcome.pack} holds the cells)" if outcome.pack is not None else "")
+                  + f"; nothing written to {args.out}", file=sys.stderr)
+            return 1
+        print(f"bootens: no finished cell of this configuration yet: nothing written to {args.out}",
+              file=sys.stderr)
+        return 1 if outcome.failed else 0
+    result.provenance.update(profile=config.profile(args.profile), cells_run_now=len(outcome.ran))
+    try:
+        where = store.save(result, f"{args.out}/{mod.NAME}")
+    except OSError as exc:
+        print(f"bootens: --out {args.out}: cannot write the result ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(json.dumps(result.summary, indent=2, sort_keys=True, default=str))
+    print(f"bootens: wrote {where}", file=sys.stderr)
+    return 1 if outcome.failed else 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import jax
+
+    from . import config, experiments, store
+
+    try:
+        mod = experiments.get(args.experiment)
+    except KeyError as exc:
+        print(f"bootens: {exc.args[0]}", file=sys.stderr)
+        return 2
+    cfg = _configure(mod, args)
+    if isinstance(cfg, int):
+        return cfg
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    key = jax.random.key(cfg.seed)
+    if _scheduled_options(args):
+        return _run_pending(mod, cfg, key, args)
+    try:
+        if args.stored_only:
+            if not hasattr(mod, "from_cells"):
+                print(f"bootens: --stored-only is for experiments stored cell by cell (uci), not {mod.NAME}",
+                      file=sys.stderr)
+                return 2
+            # Assemble the finished cells only (e.g. while a long run is still going, or after it was cut
+            # short); the summary lists the missing ones and the wall time is the cells' own.
+            result = _stored_result(mod, mod._store_dir(key, cfg), cfg)
+        else:
+            result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    result.provenance["profile"] = config.profile(args.profile)
+    try:
+        where = store.save(result, f"{args.out}/{mod.NAME}")
+    except OSError as exc:
+        print(f"bootens: --out {args.out}: cannot write the result ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(json.dumps(result.summary, indent=2, sort_keys=True, default=str))
+    print(f"bootens: wrote {where}", file=sys.stderr)
+    return 0
+
+
+def _cmd_fold(args: argparse.Namespace) -> int:
+    """``fold-cells PACK... --into DIR``: merge packed cells into the local cell store, rewrite the record."""
+    import jax
+
+    from . import config, experiments, store
+
+    mod = experiments.get("uci")
+    cfg = _configure(mod, args)
+    if isinstance(cfg, int):
+        return cfg
+    problem = _writable_dir(args.into, "--into")
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    key = jax.random.key(cfg.seed)
+    from pathlib import Path
+
+    # The record's own cells stay in it (the cell files it was assembled from are usually not at hand): a
+    # packed cell replaces the row of the same cell. Only when the record was made with these settings.
+    old_config, kept, previous = Path(args.into) / "config.json", [], None
+    if old_config.is_file() and (Path(args.into) / "cells.csv").is_file():
+        try:
+            previous = json.loads(old_config.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"bootens: {old_config}: unreadable ({exc}); give another --into or remove it", file=sys.stderr)
+            return 2
+    now = json.loads(json.dumps(config.as_dict(cfg), default=str))
+    changed: list[str] = []
+    try:
+        if previous is not None:
+            # Only the settings that decide the record's own cells must agree (packed cells are checked against
+            # this configuration by their family hash): a field added later for another method family does not
+            # make the record one of other settings.
+            held = mod.record_cells(args.into)
+            fields = mod.settings_fields(sorted({mod.cell_of(r).method for r in held}))
+            changed = [k for k in fields if previous.get(k) != now.get(k)]
+            kept = [] if changed else held
+        report = mod.fold(args.packs, key, cfg, force=args.force, root=args.store)
+        result = _stored_result(mod, report.store_dir, cfg, kept)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    print(f"bootens: folded {report.written} cell(s) from {len(report.packs)} pack(s) into {report.store_dir} "
+          f"({report.replaced} replaced a stored one, {report.outside} outside this selection"
+          + (f", {report.forced} taken with another hash (--force)" if report.forced else "") + ")",
+          file=sys.stderr)
+    if changed:
+        print(f"bootens: note: the configuration differs from the one in {old_config} in "
+              f"{', '.join(changed)}; the record is rewritten with this one (its cells are not kept)",
+              file=sys.stderr)
+    elif kept:
+        dropped = len({mod.cell_of(r) for r in kept} - set(mod.cells(cfg)))
+        print(f"bootens: kept {result.summary['cells_kept']} cell(s) of the record in {args.into} that no pack "
+              "replaced" + (f"; dropped {dropped} outside --datasets/--methods" if dropped else ""),
+              file=sys.stderr)
+    result.provenance["profile"] = config.profile(args.profile)
+    result.provenance["folded_packs"] = [Path(p).name for p in args.packs]
+    try:
+        where = store.save(result, args.into)
+    except OSError as exc:
+        print(f"bootens: --into {args.into}: cannot write the result ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(json.dumps(result.summary, indent=2, sort_keys=True, default=str))
+    print(f"bootens: wrote {where}", file=sys.stderr)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    import jax
+
+    from . import bench, config
+
+    if args.case == "uci-cell":
+        return _bench_uci_cell(args)
+    cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
+    overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
+                 "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
+    for name, value in overrides.items():
+        if value is not None:
+            cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
+    if args.shard:
+        cfg = dataclasses.replace(cfg, shard=True)
+    if args.no_torch:
+        cfg = dataclasses.replace(cfg, torch=False)
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    try:
+        doc = bench.measure(jax.random.key(cfg.seed), cfg, progress=not args.quiet)
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    doc["profile"] = "quick" if args.quick else config.profile(args.profile)
+    out = _write_json(Path(args.out) / "bench.json", doc)
+    if not args.quiet:
+        for r in doc["rows"]:
+            torch_x = "-" if r["speedup_vs_torch_loop"] is None else f"{r['speedup_vs_torch_loop']:.2f}"
+            print(f"{r['model']:<9} {r['dataset']:<8} k={r['k']:<5} {r['particle_steps_per_s']:>10.4g} "
+                  f"particle-steps/s  {r['flops_per_s']:.3g} FLOP/s  x{r['speedup_vs_jax_loop']:.2f} vs JAX loop  "
+                  f"x{torch_x} vs torch loop  {r['roofline_fraction']:.0%} of roofline")
+    print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _write_json(path: Path, doc: dict) -> Path:
+    """Write ``doc`` to ``path`` atomically (a temporary file beside it, then a rename); returns ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _bench_uci_cell(args: argparse.Namespace) -> int:
+    """``bootens bench --case uci-cell``: real ensemble cells timed cold and warm -> OUT/uci-cell.json."""
+    import dataclasses
+    from pathlib import Path
+
+    import jax
+
+    from . import bench, config
+
+    cfg = config.for_profile(config.UCIConfig, "quick" if args.quick else args.profile)
+    if args.k:
+        cfg = dataclasses.replace(cfg, n_particles=int(args.k[0]))
+    if args.steps is not None:
+        cfg = dataclasses.replace(cfg, lbfgs_steps=int(args.steps))
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    try:
+        doc = bench.measure_uci_cell(jax.random.key(cfg.seed), cfg, args.datasets or ["yacht"],
+                                     args.models or [1, 4], args.grid_batches, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    doc["profile"] = "quick" if args.quick else config.profile(args.profile)
+    out = _write_json(Path(args.out) / "uci-cell.json", doc)
+    if not args.quiet:
+        for r in doc["rows"]:
+            print(f"{r['dataset']:<9} {r['hidden_layers']} layer(s)  grid batch {r['grid_batch_used']}: "
+                  f"cold {r['cold_s']:.1f} s, warm {r['warm_s']:.1f} s, compile {r['compile_s']:.1f} s, "
+                  f"{r['flops_per_s']:.3g} FLOP/s ({r['roofline_fraction']:.1%} of roofline), "
+                  f"{r['diverged_particles']} diverged")
+    print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bootens`` console script."""
+    start = _clock()  # --time-budget counts from here
+    parser = argparse.ArgumentParser(prog="bootens", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="list the experiments and the paper artefacts they rebuild")
+    p_list.set_defaults(fn=_cmd_list)
+    p_run = sub.add_parser("run", help="run one experiment and write its results")
+    p_run.add_argument("experiment", help="experiment name (see `bootens list`)")
+    p_run.add_argument("--profile", choices=["quick", "paper"], default=None,
+                       help="settings profile (default: $BOOTENS_PROFILE or quick)")
+    p_run.add_argument("--out", default=DEFAULT_OUT,
+                       help=f"results folder (default: ./{DEFAULT_OUT}; results/ holds the committed record)")
+    p_run.add_argument("--force", action="store_true", help="recompute even if a cached result exists")
+    p_run.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    p_run.add_argument("--quiet", action="store_true", help="no progress bars, no summary on stdout")
+    p_run.add_argument("--datasets", nargs="+", default=None, help="uci: datasets to run (default: the profile's)")
+    p_run.add_argument("--methods", nargs="+", default=None, help="uci: method ids or families, e.g. ensemble-1 gp, or mcd,sghmc")
+    p_run.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override a config field (JSON value), e.g. --set n_particles=50; repeatable")
+    p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads)")
+    p_run.add_argument("--stored-only", action="store_true",
+                       help="uci: compute nothing; summarise the cells already stored (missing ones are listed)")
+    p_run.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                       help="uci: run pending cells in priority order, starting only those whose estimated "
+                            "time fits in what is left of SECONDS (counted from the command's start); print "
+                            "what remains")
+    p_run.add_argument("--shard", default=None, metavar="I/N",
+                       help="uci: run only every N-th cell of the priority order, from the I-th (0 <= I < N): "
+                            "shards 0/N .. N-1/N cover every cell once")
+    p_run.add_argument("--pack", default=None, metavar="FILE.tar.gz",
+                       help="uci: write the cells computed by this run, with their provenance, into one "
+                            ".tar.gz (rewritten after every cell); fold it in with `bootens fold-cells`")
+    p_run.add_argument("--pack-all", action="store_true",
+                       help="uci: --pack holds every stored cell of the configuration, not only this run's")
+    p_run.add_argument("--cell-times", nargs="+", default=None, metavar="PATH",
+                       help="uci: reference cell times for the estimates: record folders (cells.csv), "
+                            "cells.csv files or cell packs, e.g. results/paper/uci results/paper/uci-mcd-sghmc")
+    p_run.add_argument("--default-cell-s", type=float, default=None, metavar="SECONDS",
+                       help="uci: estimate of a cell whose method family has no measured time (default 600)")
+    p_run.set_defaults(fn=_cmd_run)
+    p_fold = sub.add_parser("fold-cells", help="uci: merge cell packs into the local cell store and rewrite a "
+                                               "record folder from the stored cells (as --stored-only)")
+    p_fold.add_argument("packs", nargs="+", metavar="PACK",
+                        help="cell packs written by `bootens run uci --pack`")
+    p_fold.add_argument("--into", required=True, metavar="DIR",
+                        help="the record folder to rewrite, e.g. results/paper/uci")
+    p_fold.add_argument("--profile", choices=["quick", "paper"], default=None,
+                        help="settings profile (default: $BOOTENS_PROFILE or quick)")
+    p_fold.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    p_fold.add_argument("--datasets", nargs="+", default=None,
+                        help="datasets of the record (default: the profile's)")
+    p_fold.add_argument("--methods", nargs="+", default=None, help="method ids or families of the record")
+    p_fold.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                        help="override a config field; repeatable")
+    p_fold.add_argument("--store", default=None, metavar="DIR",
+                        help="the cell store to merge into (default: the configuration's, under "
+                             "$BOOTENS_CACHE_DIR)")
+    p_fold.add_argument("--force", action="store_true",
+                        help="take cells made with other settings or code (another family hash) as this "
+                             "configuration's")
+    p_fold.add_argument("--quiet", action="store_true", help="no summary on stdout")
+    p_fold.set_defaults(fn=_cmd_fold, workers=None)
+    p_bench = sub.add_parser("bench", help="particle throughput vs k, loops and the roofline -> OUT/bench.json")
+    p_bench.add_argument("--quick", action="store_true", help="the quick benchmark (under 2 minutes on 2 CPU cores)")
+    p_bench.add_argument("--profile", choices=["quick", "paper"], default=None,
+                         help="settings profile without --quick (default: $BOOTENS_PROFILE or quick)")
+    p_bench.add_argument("--out", default=f"{DEFAULT_OUT}/bench",
+                         help=f"folder of bench.json (default: ./{DEFAULT_OUT}/bench)")
+    p_bench.add_argument("--k", type=int, nargs="+", default=None, help="particle counts, e.g. 1 10 50 200 1000")
+    p_bench.add_argument("--models", type=int, nargs="+", default=None, help="hidden layers of the networks (1 4)")
+    p_bench.add_argument("--datasets", nargs="+", default=None, help="shapes of: boston kin8nm protein")
+    p_bench.add_argument("--steps", type=int, default=None, help="training steps per timed call")
+    p_bench.add_argument("--repeats", type=int, default=None, help="timed calls per row (after a warm-up)")
+    p_bench.add_argument("--max-rows", type=int, default=None, help="cap on training rows (0 = full size)")
+    p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
+    p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
+    p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
+    p_bench.add_argument("--case", choices=["throughput", "uci-cell"], default="throughput",
+                         help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
+                              "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
+                              "--steps as L-BFGS steps) timed cold and warm, one sigma^2 at a time and in "
+                              "batches (uci-cell.json)")
+    p_bench.add_argument("--grid-batches", type=int, nargs="+", default=[1, 0],
+                         help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic)")
+    p_bench.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
+    p_bench.set_defaults(fn=_cmd_bench)
+    args = parser.parse_args(argv)
+    args._start = start
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("bootens: interrupted; no partial result was written (uci keeps its finished cells and resumes "
+              "from them on the next run)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

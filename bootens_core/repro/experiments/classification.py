@@ -1,0 +1,286 @@
+"""The appendix's classification figure, measured against NUTS, and real datasets with calibration.
+
+Synthetic part: a 1-D two-class problem, one hidden layer of ReLU units with two outputs. Three
+distributions of classifiers on an x grid: Algorithm 1 on the Dirichlet latent regression
+(:mod:`bootens_core.classification`), the plain ensemble (same latent regression, no perturbation, prior draws
+as starts), and NUTS on the categorical-likelihood network with the same prior (the reference). Agreement is
+the mean over the grid of |difference| of the mean probability of class 1 and of the 95% band's edges; the
+reference against itself (half of its chains vs the other half) gives the statistics' noise floor.
+
+Real part: datasets shipped with scikit-learn, stratified splits; the bootstrap ensemble, the plain
+ensemble and MC dropout (softmax cross-entropy, dropout rate chosen on validation rows); accuracy, MNLL of the
+predictive (mean of the members' probabilities) and ECE with reliability diagrams.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ... import classification, ensemble, samplers, metrics, models
+from ...baselines import dropout
+from .. import store
+from ..config import ClassificationConfig
+from ...data import synthetic, tabular
+from ...samplers._common import _flat_init, _unravel_draws
+
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "run", "agreement"]
+
+NAME = "classification"
+DESCRIPTION = "Dirichlet latent regression + Algorithm 1 vs NUTS (1-D), and real data with ECE"
+ARTEFACTS = ("Appendix classification figure",)
+Config = ClassificationConfig
+METHODS = ("bootstrap", "plain", "mcd")
+METHOD_LABELS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout"}
+
+
+def run(
+    key: jax.Array, cfg: ClassificationConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
+) -> store.Result:
+    """Run both parts (module docstring); summary keys in the README."""
+    return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
+
+
+def agreement(p_q: np.ndarray, p_ref: np.ndarray, level: float = 0.95) -> dict[str, float]:
+    """Agreement of two sets of predicted probabilities ``(k, n_x)`` of one class on the same grid.
+
+    ``prob_mad``: mean over x of |mean_q - mean_ref|; ``band_mad``: mean over x of the mean of |lower_q -
+    lower_ref| and |upper_q - upper_ref| (central ``level`` bands); ``band_coverage``: the share of the
+    reference band covered by the other one, averaged over x (1 where the reference band has no width).
+    """
+    p_q, p_ref = np.asarray(p_q, float), np.asarray(p_ref, float)
+    if p_q.ndim != 2 or p_ref.ndim != 2 or p_q.shape[1] != p_ref.shape[1]:
+        raise ValueError(f"need (k, n_x) arrays on the same grid, got {p_q.shape} and {p_ref.shape}")
+    q = [50 * (1 - level), 50 * (1 + level)]
+    lo_q, hi_q = np.percentile(p_q, q, axis=0)
+    lo_r, hi_r = np.percentile(p_ref, q, axis=0)
+    overlap = np.clip(np.minimum(hi_q, hi_r) - np.maximum(lo_q, lo_r), 0, None)
+    width = hi_r - lo_r
+    cov = np.where(width > 1e-12, overlap / np.where(width > 1e-12, width, 1.0), 1.0)
+    return {
+        "prob_mad": float(np.mean(np.abs(p_q.mean(0) - p_ref.mean(0)))),
+        "band_mad": float(np.mean(0.5 * (np.abs(lo_q - lo_r) + np.abs(hi_q - hi_r)))),
+        "band_coverage": float(np.mean(cov)),
+    }
+
+
+def _model(cfg: ClassificationConfig, in_dim: int, n_classes: int) -> models.Model:
+    return models.mlp(in_dim, (cfg.width,), "relu", out_dim=n_classes, weight_var=cfg.weight_var,
+                      bias_var=cfg.bias_var, scale_by_fan_in=True)
+
+
+def _optimizer(cfg: ClassificationConfig) -> ensemble.Optimizer:
+    return ensemble.optimizer("lbfgs", cfg.step_size, linesearch="zoom")
+
+
+def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
+    k_data, k_boot, k_plain, k_init, k_nuts = jax.random.split(key, 5)
+    data = synthetic.binary_1d(k_data, cfg.n_data, cfg.data_half_width)
+    model = _model(cfg, 1, 2)
+    x_grid = np.linspace(-cfg.x_grid_half_width, cfg.x_grid_half_width, cfg.x_grid_points)
+    opt = _optimizer(cfg)
+
+    fits = {}
+    for name, k, perturb in (("bootstrap", k_boot, True), ("plain", k_plain, False)):
+        fits[name] = classification.train(
+            k, model, data.x, data.labels, n_particles=cfg.n_particles, opt=opt, steps=cfg.steps,
+            alpha_eps=cfg.alpha_eps, perturb=perturb, on_diverged="report",
+            progress=f"{name} ensemble" if progress else False,
+        )
+    probs = {}
+    for name, fit in fits.items():
+        ok = ~fit.ensemble.diverged
+        params = jax.tree.map(lambda a, ok=ok: a[ok], fit.ensemble.params)
+        probs[name] = classification.predict_proba(model, params, x_grid, fit.targets.offset)[:, :, 1]
+
+    log_density, _ = classification.log_density_fn(model, data.x, data.labels)
+    init = _flat_init(k_init, model, None, cfg.nuts_chains, jnp.float64)
+    samples, info, _, accept, sampler = samplers.nuts(
+        k_nuts, log_density, init, n_warmup=cfg.nuts_warmup, n_draws=cfg.nuts_draws,
+        target_accept=cfg.nuts_target_accept, max_tree_depth=cfg.nuts_max_tree_depth, progress=progress,
+    )
+    draws = _unravel_draws(model, samples)
+    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), draws)
+    p_nuts = classification.predict_proba(model, flat, x_grid, np.zeros(2))[:, :, 1]
+    p_chains = p_nuts.reshape(cfg.nuts_chains, cfg.nuts_draws, -1)
+    rhat = samplers.rhat(p_chains)
+    ess = samplers.ess(p_chains, "bulk")
+
+    agree = {name: agreement(p, p_nuts) for name, p in probs.items()}
+    # Beyond the paper: how the agreement depends on alpha_eps (the bootstrap ensemble alone).
+    study = {}
+    for j, a in enumerate(cfg.alpha_eps_study):
+        if float(a) == float(cfg.alpha_eps):
+            p_a = probs["bootstrap"]
+        else:
+            fit = classification.train(
+                jax.random.fold_in(k_boot, j + 1), model, data.x, data.labels, n_particles=cfg.n_particles, opt=opt,
+                steps=cfg.steps, alpha_eps=float(a), on_diverged="report",
+                progress=f"alpha_eps {a:g}" if progress else False,
+            )
+            ok = ~fit.ensemble.diverged
+            params = jax.tree.map(lambda v, ok=ok: v[ok], fit.ensemble.params)
+            p_a = classification.predict_proba(model, params, x_grid, fit.targets.offset)[:, :, 1]
+        study[float(a)] = (agreement(p_a, p_nuts), p_a)
+    half = cfg.nuts_chains // 2
+    floor = agreement(p_chains[:half].reshape(-1, x_grid.size), p_chains[half:].reshape(-1, x_grid.size))
+
+    def finite(v: np.ndarray, fn) -> float:
+        v = v[np.isfinite(v)]
+        return float(fn(v)) if v.size else float("nan")
+
+    boot = fits["bootstrap"]
+    summary = {
+        "prob_mad_vs_mcmc": agree["bootstrap"]["prob_mad"],
+        "band_mad_vs_mcmc": agree["bootstrap"]["band_mad"],
+        "band_coverage_vs_mcmc": agree["bootstrap"]["band_coverage"],
+        "plain_prob_mad_vs_mcmc": agree["plain"]["prob_mad"],
+        "plain_band_mad_vs_mcmc": agree["plain"]["band_mad"],
+        "plain_band_coverage_vs_mcmc": agree["plain"]["band_coverage"],
+        "reference_split_prob_mad": floor["prob_mad"],
+        "reference_split_band_mad": floor["band_mad"],
+        "rhat_max": finite(rhat, np.max),
+        "rhat_mean": finite(rhat, np.mean),
+        "ess_bulk_min": finite(ess, np.min),
+        "nuts_divergences": int(np.sum(info["n_divergent"])),
+        "nuts_accept_rate": float(np.mean(accept)),
+        "nuts_mean_num_steps": float(np.mean(info["mean_num_steps"])),
+        "nuts_sampler": sampler,
+        "nuts_draws_total": int(p_nuts.shape[0]),
+        "diverged_particles": int(sum(int(f.ensemble.diverged.sum()) for f in fits.values())),
+        "n_particles": cfg.n_particles,
+        "n_params": models.n_params(model),
+        "offset": boot.targets.offset.tolist(),
+        "optimizer": opt.description,
+        "data": data.description,
+        "prior": f"weights N(0, {cfg.weight_var:g}/fan_in), biases N(0, {cfg.bias_var:g})",
+        "alpha_eps": cfg.alpha_eps,
+        "alpha_eps_study": {f"{a:g}": v[0] for a, v in study.items()},
+    }
+    arrays: dict[str, np.ndarray] = {}
+    if study:
+        best = min(study, key=lambda a: study[a][0]["band_mad"])
+        summary["alpha_eps_best_band_mad"] = best
+        arrays["p_bootstrap_alpha_best"] = study[best][1]
+        arrays["alpha_study"] = np.array(sorted(study))
+        for stat in ("prob_mad", "band_mad", "band_coverage"):
+            arrays[f"alpha_study_{stat}"] = np.array([study[a][0][stat] for a in sorted(study)])
+    arrays |= {
+        "x": data.x,
+        "labels": data.labels,
+        "x_grid": x_grid,
+        "p_true": data.prob(x_grid),
+        "p_bootstrap": probs["bootstrap"],
+        "p_plain": probs["plain"],
+        "p_nuts": p_nuts,
+        "rhat_grid": rhat,
+        "latent_y": boot.targets.y + boot.targets.offset[None],
+        "latent_var": boot.targets.noise_var,
+        "loss_bootstrap": np.nanmean(boot.ensemble.loss, axis=1),
+        "loss_plain": np.nanmean(fits["plain"].ensemble.loss, axis=1),
+    }
+    return arrays, summary
+
+
+def _mcd_fit(key: jax.Array, cfg: ClassificationConfig, x_tr, y_tr, rates, n_classes: int):
+    """MC-dropout networks fitted on ``(x_tr, y_tr)``, one per dropout rate, trained together
+    (:func:`dropout.train_grid`: common initial weights, batch order and mask draws)."""
+    k_init, k_train = jax.random.split(key)
+    params = dropout.init(k_init, x_tr.shape[1], 1, cfg.width, jnp.float32, out_dim=n_classes)
+    fit = dropout.train_grid(k_train, params, x_tr, np.eye(n_classes)[y_tr], dropout=rates, tau=[1.0] * len(rates),
+                             epochs=cfg.mcd_epochs, likelihood="categorical")
+    return fit.params
+
+
+def _mcd_probs(key: jax.Array, params, x_eval, p: float, n_samples: int) -> np.ndarray:
+    """The mean over ``n_samples`` dropout passes of the softmax, on ``x_eval``, in float64."""
+    logits = dropout.predict(key, params, x_eval, p, n_samples)
+    return _normalised(np.asarray(jax.nn.softmax(logits.astype(jnp.float64), axis=-1).mean(0)))
+
+
+def _mcd(key: jax.Array, cfg: ClassificationConfig, s: tabular.ClassificationSplit) -> tuple[np.ndarray, float]:
+    """Choose the dropout rate on the last 20% of the training rows (validation MNLL), refit on all of them."""
+    k_sel, k_pred, k_fit, k_test = jax.random.split(key, 4)
+    fit_rows, val_rows = dropout.validation_rows(s.y_train.size)
+    rates = tuple(float(p) for p in cfg.mcd_dropout_grid)
+    grid = _mcd_fit(k_sel, cfg, s.x_train[fit_rows], s.y_train[fit_rows], rates, s.n_classes)
+    scores = [
+        metrics.class_mnll(
+            _mcd_probs(k_pred, jax.tree.map(lambda a, i=i: a[i], grid), s.x_train[val_rows], p, cfg.mcd_samples),
+            s.y_train[val_rows],
+        )
+        for i, p in enumerate(rates)
+    ]
+    best = rates[int(np.argmin(scores))]
+    final = jax.tree.map(lambda a: a[0], _mcd_fit(k_fit, cfg, s.x_train, s.y_train, (best,), s.n_classes))
+    return _mcd_probs(k_test, final, s.x_test, best, cfg.mcd_samples), best
+
+
+def _normalised(p: np.ndarray) -> np.ndarray:
+    """Rows renormalised in float64 (float32 softmax means sum to 1 only up to round-off)."""
+    p = np.asarray(p, np.float64)
+    return p / p.sum(1, keepdims=True)
+
+
+def _real(key: jax.Array, cfg: ClassificationConfig, progress: bool):
+    from tqdm.auto import tqdm
+
+    opt = _optimizer(cfg)
+    arrays: dict[str, np.ndarray] = {}
+    real: dict[str, dict] = {}
+    cells = [(ds, i) for ds in cfg.datasets for i in range(cfg.n_splits)]
+    bar = tqdm(cells, desc="real datasets", unit="split", disable=not progress)
+    results: dict[str, dict[str, list]] = {}
+    model_of: dict[tuple[int, int], models.Model] = {}  # one model per shape: compiled once, reused by splits
+    for ds, i in bar:
+        bar.set_postfix_str(f"{ds} split {i}")
+        s = tabular.split(ds, i, seed=cfg.seed, test_fraction=cfg.test_fraction)
+        k_ds = jax.random.fold_in(jax.random.fold_in(key, cfg.datasets.index(ds)), i)
+        k_boot, k_plain, k_mcd = jax.random.split(k_ds, 3)
+        shape = (s.x_train.shape[1], s.n_classes)
+        model = model_of.setdefault(shape, _model(cfg, *shape))
+        probs, diverged = {}, 0
+        for name, k, perturb in (("bootstrap", k_boot, True), ("plain", k_plain, False)):
+            fit = classification.train(
+                k, model, s.x_train, s.y_train, n_particles=cfg.real_particles, opt=opt, steps=cfg.real_steps,
+                n_classes=s.n_classes, alpha_eps=cfg.alpha_eps, perturb=perturb, on_diverged="report",
+                dtype=jnp.dtype(cfg.real_dtype),
+            )
+            ok = ~fit.ensemble.diverged
+            diverged += int((~ok).sum())
+            params = jax.tree.map(lambda a, ok=ok: a[ok], fit.ensemble.params)
+            x_test = s.x_test.astype(cfg.real_dtype)
+            probs[name] = classification.predict_proba(model, params, x_test, fit.targets.offset).mean(0)
+        probs["mcd"], p_best = _mcd(k_mcd, cfg, s)
+        r = results.setdefault(ds, {"labels": [], "dropout": [], "diverged": [], **{m: [] for m in METHODS}})
+        r["labels"].append(s.y_test)
+        r["dropout"].append(p_best)
+        r["diverged"].append(diverged)
+        for m in METHODS:
+            p = _normalised(probs[m])
+            r[m].append((p, metrics.accuracy(p, s.y_test), metrics.class_mnll(p, s.y_test),
+                         metrics.ece(p, s.y_test, cfg.ece_bins)))
+    for ds, r in results.items():
+        entry: dict = {"n_splits": len(r["labels"]), "n_classes": int(max(int(y.max()) for y in r["labels"]) + 1),
+                       "mcd_dropout_chosen": r["dropout"], "diverged_particles": int(sum(r["diverged"]))}
+        arrays[f"{ds}_labels"] = np.concatenate(r["labels"])
+        for m in METHODS:
+            per = np.array([[acc, nll, e] for _, acc, nll, e in r[m]])
+            arrays[f"{ds}_{m}_probs"] = np.concatenate([p for p, *_ in r[m]])
+            arrays[f"{ds}_{m}_metrics"] = per
+            entry[m] = {
+                name: float(per[:, j].mean()) for j, name in enumerate(("accuracy", "mnll", "ece"))
+            } | {
+                f"{name}_std": float(per[:, j].std()) for j, name in enumerate(("accuracy", "mnll", "ece"))
+            }
+        real[ds] = entry
+    return arrays, {"real": real, "real_optimizer": opt.description, "ece_bins": cfg.ece_bins,
+                    "real_particles": cfg.real_particles}
+
+
+def _compute(key: jax.Array, cfg: ClassificationConfig, progress: bool):
+    k_syn, k_real = jax.random.split(key)
+    arrays, summary = _synthetic(k_syn, cfg, progress)
+    arrays_r, summary_r = _real(k_real, cfg, progress)
+    return {**arrays, **arrays_r}, {**summary, **summary_r}

@@ -1,0 +1,224 @@
+"""Figure 3: 200 particles of an 8-hidden-layer ReLU network (m = 18001) at several stages, against a reference.
+
+The paper's setting is kept runnable and measured: its prior N(0, 1) on every weight gives prior functions
+with standard deviations of order 1e6 (shown), and its MH proposal N(0, 0.01 I) in 18001 dimensions is
+(almost) never accepted, so MH chains stay at their prior draws. The figure uses the deviation prior
+``N(0, weight_var / fan_in)`` on the weights (still diagonal Gaussian, so the theory holds) and NUTS as the
+reference; agreement is quantified on an x grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ... import ensemble, samplers, models
+from .. import store
+from ..config import DeepReluConfig
+from ...data import synthetic
+
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise"]
+
+NAME = "deep-relu"
+DESCRIPTION = "8x50 ReLU network: 200 particles at stages vs an MCMC reference (faithful MH evidence, NUTS)"
+ARTEFACTS = ("Figure 3",)
+Config = DeepReluConfig
+
+
+def run(
+    key: jax.Array, cfg: DeepReluConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
+) -> store.Result:
+    """Run the deep-ReLU experiment (see the module docstring); summary keys in the README."""
+    return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
+
+
+def agreement(f_q: np.ndarray, f_ref: np.ndarray) -> dict[str, float]:
+    """Agreement of two sets of predictive functions ``(k, n_x)`` on the same x grid.
+
+    ``mean_abs_diff_mean``: |mean_q - mean_ref| / sd_ref averaged over x; ``sd_ratio_median``: median over x
+    of sd_q / sd_ref; ``band_coverage``: the fraction of the reference's central 95% band covered by the
+    ensemble's, averaged over x; ``inside_ref_band``: the fraction of the ensemble's function values inside
+    the reference band (0.95 if the two agree).
+    """
+    f_q = np.asarray(f_q, np.float64)
+    f_ref = np.asarray(f_ref, np.float64)
+    if f_q.ndim != 2 or f_ref.ndim != 2 or f_q.shape[1] != f_ref.shape[1]:
+        raise ValueError(f"need (k, n_x) arrays on the same grid, got {f_q.shape} and {f_ref.shape}")
+    m_q, m_r = f_q.mean(0), f_ref.mean(0)
+    s_q, s_r = f_q.std(0, ddof=1), f_ref.std(0, ddof=1)
+    lo_q, hi_q = np.percentile(f_q, [2.5, 97.5], axis=0)
+    lo_r, hi_r = np.percentile(f_ref, [2.5, 97.5], axis=0)
+    overlap = np.clip(np.minimum(hi_q, hi_r) - np.maximum(lo_q, lo_r), 0, None)
+    return {
+        "mean_abs_diff_mean": float(np.mean(np.abs(m_q - m_r) / s_r)),
+        "sd_ratio_median": float(np.median(s_q / s_r)),
+        "band_coverage": float(np.mean(overlap / (hi_r - lo_r))),
+        "inside_ref_band": float(np.mean((f_q >= lo_r) & (f_q <= hi_r))),
+    }
+
+
+def reference_noise(f_chains: np.ndarray, max_partitions: int = 64) -> dict[str, float]:
+    """The reference's own noise in the two statistics the verdict judges: the reference against itself.
+
+    ``f_chains`` ``(chains, draws, n_x)``. Every split of the chains into two halves (up to
+    ``max_partitions``, each unordered split once) gives one half-vs-half comparison; ``mad`` is the mean of
+    their ``mean_abs_diff_mean`` (what two samples of the same law show as a mean difference), ``log_sd`` the
+    root mean square of their ``log(sd_ratio_median)``. Each half holds half the draws, so these over-state
+    the noise of a comparison with the whole reference: a rule judged in these units errs towards "agrees".
+    """
+    f_chains = np.asarray(f_chains, np.float64)
+    if f_chains.ndim != 3 or f_chains.shape[0] < 2:
+        raise ValueError(f"need (chains >= 2, draws, n_x) predictive draws, got shape {f_chains.shape}")
+    n_chains, _, n_x = f_chains.shape
+    half = n_chains // 2
+    # Splits that put chain 0 in the first half: each unordered split once (with an odd count, the last
+    # chain of a split's complement is left out so both halves have the same size).
+    splits = [c for c in itertools.combinations(range(n_chains), half) if c[0] == 0][:max_partitions]
+    mads, logs = [], []
+    for a in splits:
+        b = [i for i in range(n_chains) if i not in a][:half]
+        st = agreement(f_chains[list(a)].reshape(-1, n_x), f_chains[b].reshape(-1, n_x))
+        mads.append(st["mean_abs_diff_mean"])
+        logs.append(np.log(st["sd_ratio_median"]))
+    return {"mad": float(np.mean(mads)), "log_sd": float(np.sqrt(np.mean(np.square(logs)))),
+            "partitions": len(splits)}
+
+
+def _mh(key, model, data, cfg, progress, label):
+    res = samplers.metropolis_model(
+        key, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.mh_chains,
+        proposal_var=cfg.mh_proposal_var, n_draws=cfg.mh_draws, burn_in=cfg.mh_burn_in, thin=cfg.mh_thin,
+        progress=label if progress else False,
+    )
+    return res
+
+
+def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
+    k_data, k_prior, k_mhf, k_mhd, k_nuts, k_ens = jax.random.split(key, 6)
+    data = synthetic.trig_regression(k_data, cfg.n_data, cfg.noise_var)
+    hidden = (cfg.width,) * cfg.depth
+    faithful = models.mlp(1, hidden, "relu", weight_var=cfg.faithful_weight_var, bias_var=cfg.bias_var)
+    model = models.mlp(1, hidden, "relu", weight_var=cfg.weight_var, bias_var=cfg.bias_var, scale_by_fan_in=True)
+    x_grid = np.linspace(-cfg.x_grid_half_width, cfg.x_grid_half_width, cfg.x_grid_points)
+    xg = jnp.asarray(x_grid)
+
+    # --- The two priors over functions.
+    n_prior = 200
+    f_prior_faithful = np.asarray(models.predict(faithful, models.prior_sample(k_prior, faithful, n_prior), xg))
+    f_prior = np.asarray(models.predict(model, models.prior_sample(k_prior, model, n_prior), xg))
+
+    def within_fraction(f):
+        """Share of the prior functions' spread that varies with x (0 = constant functions)."""
+        return float(np.std(f - f.mean(1, keepdims=True)) / np.std(f))
+
+    # --- The paper's MH (proposal N(0, 0.01 I)) on the faithful prior and on the deviation prior.
+    mh_f = _mh(k_mhf, faithful, data, cfg, progress, "MH, faithful prior")
+    mh_d = _mh(k_mhd, model, data, cfg, progress, "MH, deviation prior")
+    diag_mh_f = samplers.predictive_diagnostics(faithful, mh_f, x_grid)
+    diag_mh_d = samplers.predictive_diagnostics(model, mh_d, x_grid)
+
+    # --- NUTS reference on the deviation prior.
+    nuts = samplers.nuts_model(
+        k_nuts, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.nuts_chains, n_warmup=cfg.nuts_warmup,
+        n_draws=cfg.nuts_draws, target_accept=cfg.nuts_target_accept, max_tree_depth=cfg.nuts_max_tree_depth,
+        progress=progress,
+    )
+    diag_nuts = samplers.predictive_diagnostics(model, nuts, x_grid)
+    f_nuts = np.asarray(
+        models.predict(model, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), nuts.params), xg)
+    )
+    f_nuts_chains = f_nuts.reshape(cfg.nuts_chains, cfg.nuts_draws, -1)
+
+    # --- Algorithm 1 on the deviation prior.
+    opt = ensemble.optimizer(cfg.optimizer, cfg.step_size)
+    if cfg.agreement_every < 1:
+        raise ValueError(f"agreement_every must be a positive number of steps, got {cfg.agreement_every}")
+    along = sorted(set(cfg.stages) | set(range(0, cfg.steps + 1, cfg.agreement_every)))
+    res = ensemble.train(
+        k_ens, model, data.x, data.y, noise_var=cfg.noise_var, n_particles=cfg.n_particles, opt=opt,
+        steps=cfg.steps, snapshot_steps=tuple(along), on_diverged="report",
+        progress="Algorithm 1" if progress else False,
+    )
+    snap_steps = [int(t) for t in np.asarray(res.snapshot_steps)]
+    f_snaps = [
+        np.asarray(models.predict(model, jax.tree.map(lambda a, i=i: a[i], res.snapshots), xg))
+        for i in range(len(snap_steps))
+    ]
+    stages = np.asarray([t for t in snap_steps if t in set(cfg.stages)])
+    f_stages = np.stack([f for t, f in zip(snap_steps, f_snaps, strict=True) if t in set(cfg.stages)])
+    ok = ~np.asarray(res.diverged)
+    f_final = f_stages[-1][ok]
+    agree = agreement(f_final, f_nuts)
+    agree_stages = [agreement(f[ok], f_nuts) for f in f_stages]
+    agree_along = [agreement(f[ok], f_nuts) for f in f_snaps]
+    noise = reference_noise(f_nuts_chains) if cfg.nuts_chains >= 2 else {}
+    # The noise floor of these statistics: the reference against itself (first half of the chains vs second).
+    half = cfg.nuts_chains // 2
+    floor = (
+        agreement(f_nuts_chains[:half].reshape(-1, f_nuts.shape[1]), f_nuts_chains[half:].reshape(-1, f_nuts.shape[1]))
+        if half >= 1 else {}
+    )
+
+    def sampler_summary(prefix, res_, diag):
+        return {
+            f"{prefix}_accept_rate": float(np.mean(res_.accept_rate)),
+            f"{prefix}_rhat_max": diag["rhat_max"],
+            f"{prefix}_rhat_mean": diag["rhat_mean"],
+            f"{prefix}_ess_min": diag["ess_bulk_min"],
+            f"{prefix}_sampler": res_.sampler,
+        }
+
+    summary = {
+        "n_params": models.n_params(model),
+        "reference": "NUTS",
+        "rhat_max": diag_nuts["rhat_max"],
+        "rhat_mean": diag_nuts["rhat_mean"],
+        "ess_min": diag_nuts["ess_bulk_min"],
+        **agree,
+        "stages": stages.tolist(),
+        "mean_abs_diff_mean_stages": [a["mean_abs_diff_mean"] for a in agree_stages],
+        "sd_ratio_median_stages": [a["sd_ratio_median"] for a in agree_stages],
+        "band_coverage_stages": [a["band_coverage"] for a in agree_stages],
+        **{f"reference_split_{k}": v for k, v in floor.items()},
+        **{f"reference_noise_{k}": v for k, v in noise.items()},
+        "agreement_steps": snap_steps,
+        "mean_abs_diff_mean_along": [a["mean_abs_diff_mean"] for a in agree_along],
+        "sd_ratio_median_along": [a["sd_ratio_median"] for a in agree_along],
+        **sampler_summary("nuts", nuts, diag_nuts),
+        "nuts_divergences": int(np.sum(nuts.info.get("n_divergent", 0))),
+        "nuts_mean_num_steps": float(np.mean(nuts.info.get("mean_num_steps", np.nan))),
+        "nuts_draws_total": int(f_nuts.shape[0]),
+        **sampler_summary("mh_faithful", mh_f, diag_mh_f),
+        **sampler_summary("mh_deviation", mh_d, diag_mh_d),
+        "mh_steps_per_chain": int(cfg.mh_burn_in + cfg.mh_draws * cfg.mh_thin),
+        "prior_f_sd_median_faithful": float(np.median(f_prior_faithful.std(0))),
+        "prior_f_sd_median": float(np.median(f_prior.std(0))),
+        "prior_within_fraction_faithful": within_fraction(f_prior_faithful),
+        "prior_within_fraction": within_fraction(f_prior),
+        "diverged_particles": int(np.sum(res.diverged)),
+        "n_particles": cfg.n_particles,
+        "optimizer": opt.description,
+        "steps": cfg.steps,
+        "data": data.description,
+        "prior": f"weights N(0, {cfg.weight_var:g}/fan_in), biases N(0, {cfg.bias_var:g})",
+        "prior_faithful": f"weights N(0, {cfg.faithful_weight_var:g}), biases N(0, {cfg.bias_var:g})",
+    }
+    arrays = {
+        "x": data.x,
+        "y": data.y,
+        "x_grid": x_grid,
+        "stages": stages,
+        "f_stages": f_stages,
+        "f_nuts": f_nuts,
+        "f_prior_faithful": f_prior_faithful,
+        "f_prior": f_prior,
+        "f_mh_faithful": np.asarray(models.predict(
+            faithful, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), mh_f.params), xg)),
+        "mh_faithful_log_density": mh_f.log_density,
+        "mh_deviation_log_density": mh_d.log_density,
+        "loss": np.asarray(res.loss).mean(1),
+    }
+    return arrays, summary

@@ -1,0 +1,1541 @@
+"""Tables 1-3: the UCI regression benchmark, ensembles of the paper beside GP baselines, against the paper.
+
+Methods (ids): ``ensemble-1`` / ``ensemble-4`` (Algorithm 1 on ReLU networks with 1 / 4 hidden layers of
+``width`` units, ``n_particles`` particles trained together by L-BFGS, sigma^2 selected on validation MNLL);
+``gp`` (GPflow: exact GPR with an isotropic squared-exponential kernel, SVGP for the ``svgp_datasets``;
+hyper-parameters and noise by the marginal likelihood / ELBO); ``mcd-1`` / ``mcd-4`` (MC dropout on Gal's UCI
+protocol, :mod:`bootens_core.baselines.dropout`: its own grid of dropout rate x precision, selected on the last 20% of
+the training split); ``sghmc-1`` (scale-adapted SGHMC, :func:`bootens_core.samplers.sghmc_model`, on the ensembles'
+network, prior and likelihood; restarts x kept draws are the mixture components; sigma^2 on the validation
+grid). The protocol is :mod:`bootens_core.repro.harness`.
+
+**The L-BFGS of the paper** ("32 steps, step size 0.5") is read as ``torch.optim.LBFGS(lr=0.5)`` stepped 32
+times: each step up to ``lbfgs_iters_per_step`` (20, torch's ``max_iter``) iterations, 640 at most, of the
+L-BFGS direction ``d_k = -P_k g_k`` (two-loop recursion over the last ``lbfgs_memory`` curvature pairs, torch's
+``history_size`` 100; initial inverse Hessian ``gamma_k I`` with ``gamma_k = s'y / y'y``; the first step scaled
+by ``min(1, 1/|g_0|_1)``; pairs with ``y's <= 1e-10`` skipped) followed by a fixed step ``theta += 0.5 d_k`` --
+no line search. That is ``lbfgs_linesearch="torch"`` (:func:`bootens_core.ensemble.lbfgs.torch_lbfgs`,
+:meth:`UCIConfig.faithful`). ``lbfgs_linesearch=None`` is optax's L-BFGS at the same fixed step for 640
+iterations (``optax.lbfgs(0.5, linesearch=None)``, memory 10, :meth:`UCIConfig.optax_fixed_step`), which
+stores every pair and so can step uphill. :func:`lbfgs_check` shows on one particle that optax's directions
+are those of scipy's L-BFGS inverse-Hessian product and sets both fixed-step runs beside optax's line-search
+L-BFGS and scipy's L-BFGS-B. Both fixed steps diverge for many particles (torch's more often: it never steps
+uphill, but a step of 0.5 along a direction built from 100 stale pairs overshoots), so every profile uses
+optax's zoom line search (strong Wolfe conditions, first trial step 0.5, at most optax's default number of
+line-search evaluations per iteration, memory 10) -- a named deviation.
+
+Each cell is stored as soon as it finishes (see :class:`~bootens_core.repro.harness.CellStore`), under a folder
+keyed by the PRNG key and, per method family, by the settings, modules and code that change that family's
+numbers (:data:`_FAMILIES`); a rerun with the same settings resumes, and an edit to one method keeps the
+finished cells of the others.
+
+**A run that fits a short device window** (:func:`run_pending`; ``bootens run uci`` with ``--time-budget``,
+``--shard``, ``--pack``): the pending cells run in the order of :func:`priority` (ensembles first, 4 layers first, the large datasets
+first; then MC dropout and SGHMC; GP last), a cell starts only when its estimated seconds fit in the budget left
+(:class:`~bootens_core.repro.cellpack.CellTimes` on :func:`cost_units`), ``--shard I/N`` takes every N-th cell of
+that order, GP cells are skipped where GPflow/TensorFlow are not installed, every computed cell carries its
+provenance and compile seconds, and the finished cells go into one pack file that :func:`fold` merges into a
+cell store at home.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import inspect
+import io
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import cellpack, harness, store
+from ...baselines import dropout
+from ... import ensemble, samplers, models
+from ..config import UCI_METHODS, UCIConfig, as_dict
+from ...data import uci
+from ..harness import Cell, Method
+from ...metrics import Prediction
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "ARTEFACTS",
+    "Config",
+    "run",
+    "cells",
+    "expand_methods",
+    "method",
+    "paper_reference",
+    "LEVEL",
+    "METRICS",
+    "ENSEMBLE_IDS",
+    "BASELINE_IDS",
+    "compare_with_paper",
+    "holm",
+    "method_id",
+    "paired",
+    "paired_comparisons",
+    "ranking",
+    "comparative_claim",
+    "published_reference",
+    "summarise",
+    "restate",
+    "paper_scale_summary",
+    "result_cells",
+    "cells_csv",
+    "lbfgs_check",
+    "sghmc_step_study",
+    "from_cells",
+    "PAPER_METHODS",
+    "PRIORITY_METHODS",
+    "PRIORITY_DATASETS",
+    "TRAIN_SHAPES",
+    "GP_SKIPPED",
+    "priority",
+    "cost_units",
+    "grid_batch",
+    "grid_batches",
+    "ensemble_optimizer",
+    "gp_available",
+    "reference_times",
+    "PendingRun",
+    "run_pending",
+    "FoldReport",
+    "fold",
+    "cell_devices",
+    "cell_of",
+    "lbfgs_label",
+    "lbfgs_variant_cells",
+    "settings_fields",
+    "record_cells",
+]
+
+NAME = "uci"
+DESCRIPTION = "UCI regression: ensembles, MC dropout, SGHMC and GP baselines vs the paper's Tables 1-3"
+ARTEFACTS = ("Table 1", "Table 2", "Table 3")
+Config = UCIConfig
+
+# The method columns of the paper's Tables 2-3 as (method, hidden layers); GP has no layers.
+PAPER_METHODS = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
+# The paper prints two decimals: a published std of 0.00 means "below 0.005".
+_PRINT_RESOLUTION = 0.005
+# Two-sided level of every test of the UCI chapter (per test; holm() gives the family-wise count).
+LEVEL = 0.05
+METRICS = {"rmse": "test_rmse", "mnll": "test_mnll", "coverage95": "coverage95"}
+# The paper's ensembles and the baselines of its comparative claim, as method ids.
+ENSEMBLE_IDS = ("ensemble-1", "ensemble-4")
+BASELINE_IDS = ("mcd-1", "mcd-4", "sghmc-1", "gp")
+
+
+def _check(cfg: UCIConfig) -> None:
+    unknown = [d for d in cfg.datasets if d not in uci.DATASETS]
+    if unknown:
+        raise ValueError(f"unknown UCI dataset(s) {unknown}: choose from {', '.join(uci.DATASETS)}")
+    bad = [m for m in cfg.methods if m not in UCI_METHODS]
+    if bad:
+        raise ValueError(f"unknown UCI method(s) {bad}: built so far are {', '.join(UCI_METHODS)}")
+    if not cfg.datasets or not cfg.methods:
+        raise ValueError("no datasets or no methods selected")
+    if cfg.max_splits < 0:
+        raise ValueError(f"max_splits must be >= 0 (0 = the paper's), got {cfg.max_splits}")
+
+
+def expand_methods(specs: list[str] | tuple[str, ...]) -> list[str]:
+    """Method ids from ids or family names, comma- or space-separated: ``["mcd,sghmc"]`` ->
+    ``["mcd-1", "mcd-4", "sghmc-1"]`` (order kept, duplicates dropped)."""
+    out: list[str] = []
+    for spec in specs:
+        for name in filter(None, (s.strip() for s in spec.split(","))):
+            ids = [name] if name in UCI_METHODS else [m for m in UCI_METHODS if m.partition("-")[0] == name]
+            if not ids:
+                raise ValueError(f"unknown UCI method {name!r}: choose method ids ({', '.join(UCI_METHODS)}) or "
+                                 f"families ({', '.join(dict.fromkeys(m.partition('-')[0] for m in UCI_METHODS))})")
+            out += [m for m in ids if m not in out]
+    return out
+
+
+def cells(cfg: UCIConfig) -> list[Cell]:
+    """The cells of a run: dataset-major, then method, then split (the paper's 10 splits, 5 for Protein)."""
+    _check(cfg)
+    out = []
+    for d in cfg.datasets:
+        n = uci.PAPER_SPLITS[d] if cfg.max_splits == 0 else min(cfg.max_splits, uci.PAPER_SPLITS[d])
+        out += [Cell(d, s, m) for m in cfg.methods for s in range(n)]
+    return out
+
+
+@functools.cache
+def _mlp(in_dim: int, layers: int, width: int, weight_var: float, bias_var: float, fan_in: bool) -> models.Model:
+    # One model object per architecture, so ensemble.train reuses its compiled driver across cells.
+    return models.mlp(in_dim, (width,) * layers, "relu", weight_var=weight_var, bias_var=bias_var,
+                      scale_by_fan_in=fan_in)
+
+
+@functools.cache
+def _lbfgs(step_size: float, memory: int, linesearch: str | None, iters_per_step: int) -> ensemble.Optimizer:
+    """The ensembles' L-BFGS for ``UCIConfig.lbfgs_linesearch`` (one object per setting: one compilation).
+
+    ``None``/``"zoom"``: optax's L-BFGS (memory ``memory``), one iteration per step. ``"torch"``/
+    ``"torch-strong-wolfe"``: ``torch.optim.LBFGS(lr=step_size, max_iter=iters_per_step,
+    history_size=memory)``, one outer step per step (its ``iterations_per_step`` is ``iters_per_step``); the
+    strong-Wolfe search allows 25 further evaluations (``max_ls=25``, PyTorch before 2.10, the paper's era).
+    """
+    if linesearch in (None, "zoom"):
+        return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
+    if linesearch == "torch":
+        return ensemble.optimizer("torch-lbfgs", step_size, max_iter=iters_per_step, history_size=memory)
+    if linesearch == "torch-strong-wolfe":
+        return ensemble.optimizer("torch-lbfgs", step_size, max_iter=iters_per_step, history_size=memory,
+                                  line_search_fn="strong_wolfe", max_ls=25)
+    raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}: choose null, 'zoom', 'torch' or 'torch-strong-wolfe'")
+
+
+def ensemble_optimizer(cfg: UCIConfig) -> ensemble.Optimizer:
+    """The L-BFGS the ensemble cells of ``cfg`` train with (one object per setting: one compilation)."""
+    return _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch, cfg.lbfgs_iters_per_step)
+
+
+def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
+    opt = ensemble_optimizer(cfg)
+    # lbfgs_steps x lbfgs_iters_per_step iterations: that many optax steps, or lbfgs_steps torch outer steps.
+    steps = opt.steps_for(cfg.lbfgs_steps * cfg.lbfgs_iters_per_step)
+    dtype = jnp.dtype(cfg.dtype)
+
+    def predict(res, x_eval, noise_var):
+        f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
+        ok = ~res.diverged & np.all(np.isfinite(f), axis=1)
+        return Prediction(f[ok], noise_var, int((~ok).sum()))
+
+    def fit_ensemble(key, x, y, x_eval, noise_var):
+        res = ensemble.train(
+            key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
+            steps=steps, dtype=dtype, on_diverged="report",
+        )
+        return predict(res, x_eval, noise_var)
+
+    def fit_ensemble_grid(key, x, y, x_eval, noise_grid):
+        # The grid in batches of grid_batch values (ensemble.train_grid); 1 is fit_ensemble value by value.
+        size = grid_batch(cfg, np.shape(x)[0], in_dim, layers, len(noise_grid))
+        if size == 1:
+            return [fit_ensemble(key, x, y, x_eval, nv) for nv in noise_grid]
+        preds = []
+        for part, n_real in grid_batches(noise_grid, size):
+            results = ensemble.train_grid(key, model, x, y, noise_grid=part, n_particles=cfg.n_particles, opt=opt,
+                                          steps=steps, dtype=dtype, on_diverged="report")
+            preds += [predict(res, x_eval, nv) for res, nv in zip(results[:n_real], part[:n_real], strict=True)]
+        return preds
+
+    return Method("ensemble", layers, True, fit_ensemble, fit_ensemble_grid)
+
+
+def grid_batch(cfg: UCIConfig, n_rows: int, in_dim: int, layers: int, grid_size: int,
+               device: jax.Device | None = None) -> int:
+    """How many sigma^2 values of the grid an ensemble cell trains together (``UCIConfig.noise_grid_batch``).
+
+    A positive ``noise_grid_batch`` is used as given (at most ``grid_size``). 0 (automatic) gives 1 on a CPU,
+    where the particles already keep the cores busy and a batch saves nothing; on an accelerator, as many
+    values as fit in a quarter of its memory, by an upper estimate of one particle's working set: for every
+    row the hidden units' pre-activations, activations and their gradients, and for every weight its value,
+    gradient, the L-BFGS pairs and the line search's copies, in ``cfg.dtype``.
+    """
+    if cfg.noise_grid_batch:
+        return max(1, min(int(cfg.noise_grid_batch), int(grid_size)))
+    device = device or jax.devices()[0]
+    if device.platform == "cpu":
+        return 1
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return 1
+    item = jnp.dtype(cfg.dtype).itemsize
+    n_params = (in_dim + 1) * cfg.width + (layers - 1) * (cfg.width + 1) * cfg.width + cfg.width + 1
+    per_particle = item * (4 * n_rows * layers * cfg.width + 3 * n_rows
+                           + n_params * (2 * cfg.lbfgs_memory + 8))
+    fit = int(limit // 4 // (per_particle * cfg.n_particles))
+    return max(1, min(int(grid_size), fit))
+
+
+def grid_batches(noise_grid: Sequence[float], size: int) -> list[tuple[list[float], int]]:
+    """The sigma^2 grid cut into batches of one length, so that a cell compiles one program for all of them.
+
+    At most ``size`` values a batch, as few batches as that allows and as even as possible (9 values at
+    ``size`` 4: 3, 3, 3); a batch shorter than the others is padded by repeating its last value. Returns
+    ``(values, n_real)`` per batch, in grid order: its first ``n_real`` values are the grid's, the rest padding
+    whose results are dropped (a block of :func:`bootens_core.ensemble.train_grid` depends only on its own
+    value, so padding changes no real block's particles but by float rounding)."""
+    grid = [float(v) for v in noise_grid]
+    if not grid:
+        raise ValueError("noise_grid is empty")
+    if int(size) < 1:
+        raise ValueError(f"a grid batch needs at least one value, got size {size}")
+    n_batches = -(-len(grid) // int(size))
+    length = -(-len(grid) // n_batches)
+    out = []
+    for start in range(0, len(grid), length):
+        part = grid[start:start + length]
+        out.append((part + [part[-1]] * (length - len(part)), len(part)))
+    return out
+
+
+def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    kind = "svgp" if dataset in cfg.svgp_datasets else "gpr"
+
+    def fit_gp(key, x, y, x_eval, noise_var):
+        from ...baselines import gp
+
+        # More than 2000 training rows (Kin8nm, Naval, Power: exact GPR; Protein: SGPR) take the objective and
+        # its closed-form gradient computed in numpy with LAPACK: the same objective and optimum, 2-20x fewer
+        # CPU seconds per evaluation (gp.fit_predict). Up to 2000 rows GPflow's objective and TensorFlow's
+        # automatic gradient: the committed GP cells of the small datasets stay as they are. (A literal here:
+        # the family hash reads this function's source.)
+        fast = {"gradient": "closed_form"} if len(y) > 2000 else {}
+        g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter,
+                           **fast)
+        info = {"kind": kind, "lengthscale": g.lengthscale, "signal_var": g.signal_var,
+                "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged),
+                "gradient": fast.get("gradient", "autodiff")}
+        return Prediction(g.mean[None], g.var, 0, float(g.noise_var), info)
+
+    return Method("gp", 0, False, fit_gp)
+
+
+def _mcd_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    grid = dropout.protocol_grid(dataset)
+
+    def fit_mcd(key, x, y, x_eval, noise_var):
+        # Gal's protocol selects its own (dropout rate, tau) on the last 20% of the training split; tau is a
+        # precision in original label units, hence y_scale.
+        return dropout.fit_select(
+            key, x, y, x_eval, hidden_layers=layers, width=cfg.width, dropout_grid=grid.dropout_rates,
+            tau_grid=grid.tau_values, epochs=grid.n_epochs * cfg.mcd_epochs_x, n_samples=cfg.mcd_samples,
+            y_scale=y_std,
+        )
+
+    return Method("mcd", layers, False, fit_mcd)
+
+
+def _sghmc_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
+    model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
+    dtype = jnp.dtype(cfg.dtype)
+
+    def fit_sghmc(key, x, y, x_eval, noise_var):
+        res = samplers.sghmc_model(
+            key, model, x, y, noise_var, n_restarts=cfg.sghmc_restarts, n_draws=cfg.sghmc_draws,
+            burn_in=cfg.sghmc_burn_in, thin=cfg.sghmc_thin, lr=cfg.sghmc_lr, mdecay=cfg.sghmc_mdecay,
+            batch_size=min(cfg.sghmc_batch_size, x.shape[0]), lr_scaling=cfg.sghmc_lr_scaling,
+            on_diverged="report", dtype=dtype,
+        )
+        # A restart that diverged contributes no sample; every kept draw of the others is a mixture component.
+        ok_restart = ~np.asarray(res.info["diverged"], bool)
+        draws = jax.tree.map(lambda a: a[ok_restart].reshape((-1, *a.shape[2:])), res.params)
+        f = np.asarray(models.predict(model, draws, jnp.asarray(x_eval, dtype)), np.float64)
+        ok = np.all(np.isfinite(f), axis=1)
+        diverged = int((~ok_restart).sum()) * cfg.sghmc_draws + int((~ok).sum())
+        info = {"step_size": float(res.info["step_size"]), "batch_size": int(res.info["batch_size"]),
+                "diverged_restarts": int((~ok_restart).sum())}
+        return Prediction(f[ok], noise_var, diverged, None, info)
+
+    return Method("sghmc", layers, True, fit_sghmc)
+
+
+_BUILDERS = {"ensemble": _ensemble_method, "gp": _gp_method, "mcd": _mcd_method, "sghmc": _sghmc_method}
+
+
+def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int, y_std: float = 1.0) -> Method:
+    """The :class:`~bootens_core.repro.harness.Method` of a method id for one dataset (``y_std``: the training
+    labels' standard deviation, for methods whose hyper-parameters are in original label units)."""
+    family, _, layers = method_id.partition("-")
+    if method_id not in UCI_METHODS or family not in _BUILDERS:
+        raise ValueError(f"unknown UCI method {method_id!r}: built so far are {', '.join(UCI_METHODS)}")
+    return _BUILDERS[family](cfg, dataset, int(layers or 0), in_dim, y_std)
+
+
+def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
+    k = jax.random.fold_in(key, uci.DATASETS.index(cell.dataset))
+    k = jax.random.fold_in(k, UCI_METHODS.index(cell.method))
+    return jax.random.fold_in(k, cell.split)
+
+
+# What decides a cell's numbers. Common to every cell: the protocol (harness, metrics, the loader), the
+# fields below and the code of _compute_cell / _cell_key. Per method family: the config fields it reads, the
+# package modules it runs and the source of its builder above. Cells are stored per family under a folder
+# named by a hash of all that, so an edit to one method (or a new method) keeps the others' finished cells.
+_COMMON_FIELDS = ("seed", "noise_grid", "val_fraction")
+_COMMON_SOURCES = ("repro/harness.py", "metrics.py", "data/uci.py")
+_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "ensemble": (
+        ("n_particles", "width", "weight_var", "bias_var", "scale_by_fan_in", "lbfgs_steps",
+         "lbfgs_iters_per_step", "lbfgs_step_size", "lbfgs_memory", "lbfgs_linesearch", "dtype"),
+        ("ensemble/algorithm.py", "models.py", "perturb.py", "ensemble/lbfgs.py"),
+    ),
+    "gp": (("gp_max_iter", "svgp_datasets", "n_inducing"), ("baselines/gp.py",)),
+    "mcd": (("width", "mcd_epochs_x", "mcd_samples"), ("baselines/dropout.py",)),
+    "sghmc": (
+        ("width", "weight_var", "bias_var", "scale_by_fan_in", "dtype", "sghmc_lr", "sghmc_mdecay", "sghmc_burn_in",
+         "sghmc_thin", "sghmc_restarts", "sghmc_draws", "sghmc_batch_size", "sghmc_lr_scaling"),
+        ("samplers/sghmc.py", "samplers/_common.py", "models.py", "ensemble/algorithm.py"),
+    ),
+}
+
+
+def settings_fields(method_ids: Iterable[str]) -> tuple[str, ...]:
+    """The :class:`UCIConfig` fields that decide the numbers of cells of these method ids: the fields common to
+    every cell and those of the ids' method families (:data:`_FAMILIES`), sorted. Two configurations that agree
+    on them give those cells the same numbers (with the same code); a field added for another family does not
+    make a record of these cells one of other settings."""
+    fields = set(_COMMON_FIELDS)
+    for m in method_ids:
+        if m not in UCI_METHODS:
+            raise ValueError(f"unknown UCI method {m!r}: known are {', '.join(UCI_METHODS)}")
+        fields.update(_FAMILIES[m.partition("-")[0]][0])
+    return tuple(sorted(fields))
+
+
+def _family_hash(cfg: UCIConfig, family: str) -> str:
+    fields, sources = _FAMILIES[family]
+    values = {k: v for k, v in as_dict(cfg).items() if k in _COMMON_FIELDS + fields}
+    code = "".join(inspect.getsource(f) for f in (_compute_cell, _cell_key, _BUILDERS[family]))
+    blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + sources), "code": code},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+class _CellStore(harness.CellStore):
+    """A :class:`~bootens_core.repro.harness.CellStore` whose cells of each method family live in a folder named by
+    that family's hash: ``<root>/<dataset>/<method id>-<hash>/split-<k>.json``."""
+
+    def __init__(self, root: str | Path, cfg: UCIConfig):
+        super().__init__(root)
+        self._hash = {family: _family_hash(cfg, family) for family in _FAMILIES}
+
+    def path(self, cell: Cell) -> Path:
+        family = cell.method.partition("-")[0]
+        return self.root / cell.dataset / f"{cell.method}-{self._hash[family]}" / f"split-{cell.split}.json"
+
+
+def _store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
+    """The cell store of a run's key (the method families' folders inside keep the rest apart; the selection
+    of datasets, methods and splits and the number of workers do not change a cell, so runs of subsets share
+    cells)."""
+    blob = json.dumps({"key": store.key_words(key), "layout": 2}, sort_keys=True)
+    return store.cache_dir() / "uci-cells" / hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cell_store(key: jax.Array, cfg: UCIConfig) -> harness.CellStore:
+    return _CellStore(_store_dir(key, cfg), cfg)
+
+
+def _compute_cell(key: jax.Array, cfg: UCIConfig, cell: Cell) -> dict[str, Any]:
+    data = uci.load(cell.dataset, cell.split)
+    m = method(cell.method, cfg, cell.dataset, data.x_train.shape[1], data.y_std)
+    return harness.run_cell(
+        _cell_key(key, cell), m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed, val_fraction=cfg.val_fraction,
+    )
+
+
+def run(
+    key: jax.Array, cfg: UCIConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
+) -> store.Result:
+    """Run (or resume) every cell of ``cfg`` and summarise them against the paper (summary keys: README)."""
+    import time
+
+    all_cells = cells(cfg)
+    start = time.perf_counter()
+    root = _store_dir(key, cfg)
+    if not use_cache:
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="bootens-uci-cells-"))
+    cell_store = _CellStore(root, cfg)
+    compute = functools.partial(_timed_cell, key, cfg, _cell_provenance())
+    records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.workers, force=force, progress=progress)
+    return _result(records, cfg, {**store.provenance(time.perf_counter() - start), "cell_store": str(root)})
+
+
+def from_cells(
+    directory: str | Path,
+    cfg: UCIConfig,
+    provenance: dict[str, Any],
+    kept: Sequence[dict[str, Any]] = (),
+) -> store.Result:
+    """The result of the cells of ``cfg`` already finished in the cell store ``directory``, computing nothing.
+
+    For assembling a record from cells computed elsewhere (e.g. a GPU run cut short): cells not in the store
+    are left out and listed in ``summary["cells_missing"]``; ``provenance`` says where the cells were made.
+    ``kept``: rows of an earlier record (:func:`record_cells`) that stand for cells missing from the store (a
+    stored cell replaces the kept row of the same dataset, split and method); ``summary["cells_kept"]`` counts
+    those used.
+    """
+    cell_store = _CellStore(directory, cfg)
+    by_cell = {cell_of(r): r for r in kept}
+    records, missing, n_kept = [], [], 0
+    for cell in cells(cfg):
+        rec = cell_store.get(cell)
+        if rec is None and cell in by_cell:
+            rec, n_kept = by_cell[cell], n_kept + 1
+        if rec is None:
+            missing.append(f"{cell.dataset}/{cell.method}/split-{cell.split}")
+        else:
+            records.append(rec)
+    if not records:
+        raise FileNotFoundError(f"no finished cell of this configuration under {directory}")
+    result = _result(records, cfg, {**provenance, "cell_store": str(directory)})
+    result.summary["cells_missing"] = missing
+    result.summary["cells_kept"] = n_kept
+    return result
+
+
+def cell_of(record: dict[str, Any]) -> Cell:
+    """The cell a record (a stored cell or a ``cells.csv`` row) belongs to: its method id is the method and, for
+    the networks, its depth (``ensemble`` with 4 hidden layers is ``ensemble-4``; GP is ``gp``)."""
+    family, layers = str(record["method"]), int(record["hidden_layers"])
+    method_id = family if family == "gp" else f"{family}-{layers}"
+    if method_id not in UCI_METHODS:
+        raise ValueError(f"a cell record of method {family!r} with {layers} hidden layers is no UCI method")
+    return Cell(str(record["dataset"]), int(record["split"]), method_id)
+
+
+_INT_FIELDS = ("split", "hidden_layers", "diverged_particles", "n_components")
+_FLOAT_FIELDS = ("noise_var", "noise_var_std_units", "test_rmse", "test_mnll", "coverage95", "wall_s")
+
+
+def record_cells(folder: str | Path) -> list[dict[str, Any]]:
+    """The cells of a committed record folder, read back from its ``cells.csv`` (one record per row with the
+    :data:`~bootens_core.repro.harness.CELL_FIELDS`, numbers as numbers), so that a record can be extended by new
+    cells without the cell files it was assembled from (:func:`from_cells`' ``kept``). A missing or malformed
+    file is a one-line ``ValueError``."""
+    table = Path(folder) / "cells.csv"
+    try:
+        text = table.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{table}: cannot read the record's cells ({exc})") from exc
+    return _parse_cells(text, str(table))
+
+
+def result_cells(result: store.Result) -> list[dict[str, Any]]:
+    """The cells of a UCI result (its ``cells.csv``), as :func:`record_cells` reads them."""
+    return _parse_cells(result.files["cells.csv"], f"{result.name} result")
+
+
+def _parse_cells(text: str, where: str) -> list[dict[str, Any]]:
+    try:
+        rows = list(csv.DictReader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise ValueError(f"{where}: cannot read the record's cells ({exc})") from exc
+    out = []
+    for i, row in enumerate(rows, start=2):
+        if set(harness.CELL_FIELDS) - set(row):
+            raise ValueError(f"{where}: not a cells.csv (needs the columns {', '.join(harness.CELL_FIELDS)})")
+        try:
+            rec: dict[str, Any] = dict(row)
+            rec.update({k: int(row[k]) for k in _INT_FIELDS})
+            rec.update({k: float(row[k]) for k in _FLOAT_FIELDS})
+            cell_of(rec)
+        except ValueError as exc:
+            raise ValueError(f"{where}, line {i}: {exc}") from exc
+        out.append(rec)
+    return out
+
+
+def restate(result: store.Result, level: float = LEVEL) -> dict[str, Any]:
+    """The summary of a stored UCI result recomputed from its ``cells.csv`` by the current rules
+    (:func:`summarise`): a committed record's ``summary.json`` keeps the verdicts of the code that wrote it.
+    The record's own keys that the cells cannot give (``cells_missing``, ``cells_kept``) are carried over."""
+    names = {f.name for f in dataclasses.fields(UCIConfig)}
+    cfg = UCIConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in result.config.items() if k in names})
+    out = summarise(result_cells(result), cfg, level)
+    for k in ("cells_missing", "cells_kept"):
+        if k in result.summary:
+            out[k] = result.summary[k]
+    return out
+
+
+def paper_scale_summary(*folders: str | Path, level: float = LEVEL) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The paper-scale records of ``folders`` read as one table: ``(summary, cells)``.
+
+    The cells of every folder's ``cells.csv`` (records made on the same splits with the same seed and
+    harness, e.g. the ensemble-and-GP record and the MC-dropout-and-SGHMC record) are summarised together by
+    :func:`summarise` under the paper profile, over every method column of the paper and the datasets that
+    have at least one cell (in the paper's order). A dataset × split × method found in two folders is an
+    error: the records would disagree on what the cell is."""
+    if not folders:
+        raise ValueError("paper_scale_summary needs at least one record folder")
+    cells: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str, int, int], str] = {}
+    for folder in folders:
+        for rec in record_cells(folder):
+            key = (rec["dataset"], rec["method"], int(rec["hidden_layers"]), int(rec["split"]))
+            if key in seen:
+                raise ValueError(f"cell {key} is in both {seen[key]} and {folder}")
+            seen[key] = str(folder)
+            cells.append(rec)
+    present = {rec["dataset"] for rec in cells}
+    paper = UCIConfig.paper()
+    cfg = dataclasses.replace(paper, datasets=tuple(d for d in uci.DATASETS if d in present))
+    return summarise(cells, cfg, level), cells
+
+
+def lbfgs_label(linesearch: str | None, memory: int) -> str:
+    """A readable name of an L-BFGS variant of :data:`~bootens_core.repro.config.UCI_LBFGS_LINESEARCHES`."""
+    names = {None: f"optax, fixed step (memory {memory})", "zoom": f"optax, zoom line search (memory {memory})",
+             "torch": f"torch.optim.LBFGS, fixed step (history {memory})",
+             "torch-strong-wolfe": f"torch.optim.LBFGS, strong Wolfe (history {memory})"}
+    if linesearch not in names:
+        raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}")
+    return names[linesearch]
+
+
+def lbfgs_variant_cells(root: str | Path) -> list[dict[str, Any]]:
+    """The cells of every record folder directly under ``root`` (one run of one L-BFGS variant each, e.g.
+    ``results/paper/uci-lbfgs``), each with the variant's ``optimizer`` (:func:`lbfgs_label` of its
+    ``config.json``) and ``lbfgs_step_size``. A folder without ``config.json`` and ``cells.csv`` is skipped;
+    a malformed one is a one-line ``ValueError``."""
+    out: list[dict[str, Any]] = []
+    for folder in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        if not ((folder / "config.json").is_file() and (folder / "cells.csv").is_file()):
+            continue
+        try:
+            c = json.loads((folder / "config.json").read_text())
+            label = lbfgs_label(c["lbfgs_linesearch"], int(c["lbfgs_memory"]))
+            step = float(c["lbfgs_step_size"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{folder / 'config.json'}: not a UCI record's settings ({exc})") from exc
+        out += [{**rec, "optimizer": label, "lbfgs_step_size": step, "record": folder.name}
+                for rec in record_cells(folder)]
+    return out
+
+
+def _result(records: list[dict[str, Any]], cfg: UCIConfig, provenance: dict[str, Any]) -> store.Result:
+    summary = summarise(records, cfg)
+    arrays = {
+        name: np.asarray([r[name] for r in records], dtype=dtype)
+        for name, dtype in (
+            ("dataset", str), ("method", str), ("split", np.int64), ("hidden_layers", np.int64),
+            ("test_rmse", np.float64), ("test_mnll", np.float64), ("coverage95", np.float64),
+            ("noise_var", np.float64), ("wall_s", np.float64), ("diverged_particles", np.int64),
+        )
+    }
+    return store.Result(
+        name=NAME,
+        config=as_dict(cfg),
+        arrays=arrays,
+        summary=summary,
+        provenance=provenance,
+        files={"cells.csv": cells_csv(records)},
+    )
+
+
+def paper_reference() -> dict[tuple[str, str, int, str], tuple[float, float]]:
+    """The paper's Tables 2-3 (published mean and std over splits), keyed by (dataset, method, layers, metric).
+
+    These are the paper's numbers, carried as a reference (``bootens_core/data/paper_uci_tables.csv``, a copy
+    of ``shared/paper/paper_uci_tables.csv``); nothing here is computed.
+    """
+    text = resources.files("bootens_core.data").joinpath("paper_uci_tables.csv").read_text()
+    return {
+        (r["dataset"], r["method"], int(r["hidden_layers"]), r["metric"]): (float(r["mean"]), float(r["std"]))
+        for r in csv.DictReader(io.StringIO(text))
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Statistics: our means against the paper's, methods against each other on the same splits
+
+
+
+def _z_of_p(p: float) -> float:
+    """The normal quantile ``z`` with two-sided p-value ``p`` (``p = 2 (1 - Phi(z))``): a rerun moves it by
+    about one unit, whatever p is."""
+    from scipy import stats
+
+    return float(stats.norm.isf(min(max(float(p), 1e-300), 1.0) / 2.0))
+
+
+def _margin(p: float, level: float) -> float:
+    """Distance of a two-sided p-value from the level, in normal-quantile units."""
+    return abs(_z_of_p(p) - _z_of_p(level))
+
+
+def compare_with_paper(
+    values: Sequence[float], paper_mean: float, paper_sd: float, paper_n: int, level: float = LEVEL
+) -> dict[str, Any]:
+    """Our mean over splits against the paper's published mean: a two-sided Welch-type t-test at ``level``.
+
+    The paper reports "the average values ... plus/minus one standard deviation" over its splits (Appendix,
+    10 splits, 5 for Protein: ``paper_n``). Its standard error is ``SE_p = max(SD_p, 0.005) / sqrt(n_p)``: a
+    printed SD of 0.00 is below half a unit of the last printed digit, taken at that bound. Its mean is
+    printed to two decimals, a rounding error uniform on +-0.005 (standard deviation ``0.005 / sqrt(3)``),
+    added as a known variance. Ours: ``SE = SD / sqrt(n)`` with the sample SD (ddof 1) over our ``n``
+    splits. The statistic is ``t = (ours - paper) / sqrt(SE^2 + SE_p^2 + 0.005^2 / 3)`` with the
+    Welch-Satterthwaite degrees of freedom of the two split-level terms; ``p`` is two-sided.
+
+    ``verdict``: ``agrees`` when ``p >= level``, else ``better`` (our mean lower: RMSE and MNLL are errors)
+    or ``worse``; ``failed`` when a split's value is not finite; ``too few splits`` below 2 splits (no SD of
+    ours). ``margin``: distance of ``p`` from ``level`` in normal-quantile units (``|z(p) - z(level)|``).
+    """
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    n = int(v.size)
+    out: dict[str, Any] = {"n_splits": n, "paper_mean": float(paper_mean), "paper_std": float(paper_sd),
+                           "paper_n_splits": int(paper_n)}
+    sd_p = max(float(paper_sd), _PRINT_RESOLUTION)
+    se_p = sd_p / math.sqrt(paper_n)
+    out["paper_se"] = se_p
+    nan = float("nan")
+    if n == 0 or not np.all(np.isfinite(v)):
+        return {**out, "mean": float(np.mean(v)) if n else nan, "sd": nan, "se": nan, "diff": nan,
+                "se_diff": nan, "t": nan, "df": nan, "p": nan, "verdict": "failed", "margin": None}
+    mean = float(np.mean(v))
+    if n < 2:
+        return {**out, "mean": mean, "sd": nan, "se": nan, "diff": mean - paper_mean, "se_diff": nan, "t": nan,
+                "df": nan, "p": nan, "verdict": "too few splits", "margin": None}
+    sd = float(np.std(v, ddof=1))
+    se = sd / math.sqrt(n)
+    var = se**2 + se_p**2 + _PRINT_RESOLUTION**2 / 3.0
+    den = se**4 / (n - 1) + se_p**4 / (paper_n - 1)
+    df = var**2 / den if den > 0 else math.inf
+    diff = mean - float(paper_mean)
+    t = diff / math.sqrt(var)
+    p = float(2.0 * stats.t.sf(abs(t), df))
+    verdict = "agrees" if p >= level else ("better" if diff < 0 else "worse")
+    return {**out, "mean": mean, "sd": sd, "se": se, "diff": diff, "se_diff": math.sqrt(var), "t": t, "df": df,
+            "p": p, "verdict": verdict, "margin": _margin(p, level)}
+
+
+def holm(pvalues: Sequence[float], level: float = LEVEL) -> list[bool]:
+    """Holm's step-down rejections at family-wise ``level``: sorted p-values ``p_(i)`` (i = 1..m) are rejected
+    while ``p_(i) <= level / (m - i + 1)``; non-finite p-values are never rejected and not counted in m."""
+    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
+    m = len(idx)
+    reject = [False] * len(pvalues)
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        if pvalues[i] > level / (m - rank):
+            break
+        reject[i] = True
+    return reject
+
+
+def method_id(record: Mapping[str, Any]) -> str:
+    """The method id of a cell record or a summary row (``ensemble`` with 4 hidden layers is ``ensemble-4``,
+    the GP is ``gp``)."""
+    family, layers = str(record["method"]), int(record["hidden_layers"])
+    return family if family == "gp" else f"{family}-{layers}"
+
+
+def _split_values(records: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple[str, str], dict[int, float]]:
+    """(dataset, method id) -> split -> value of ``metric``; a (dataset, split, method) twice is an error."""
+    col = METRICS[metric]
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for r in records:
+        cell = out.setdefault((str(r["dataset"]), method_id(r)), {})
+        s = int(r["split"])
+        if s in cell:
+            raise ValueError(f"cell {r['dataset']}/{method_id(r)}/split-{s} appears twice in the records")
+        cell[s] = float(r[col])
+    return out
+
+
+def paired(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
+    """Paired comparison of ``a`` and ``b`` on the same splits (two-sided paired t-test at ``level``, as
+    ``scipy.stats.ttest_rel``): the mean of ``d = a - b``, its standard error ``SD(d) / sqrt(n)`` (ddof 1),
+    ``t``, ``df = n - 1``, ``p``; ``verdict`` ``better`` (a lower) / ``worse`` / ``no significant difference``,
+    ``too few splits`` below 2 pairs. ``z``: the signed normal quantile of ``p`` (positive when a is higher),
+    ``margin``: ``|z(p) - z(level)|``. All differences equal: ``p`` is 1 if they are 0, else 0."""
+    from scipy import stats
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = int(d.size)
+    nan = float("nan")
+    base = {"n": n, "mean_a": float(np.mean(a)) if n else nan, "mean_b": float(np.mean(b)) if n else nan,
+            "diff": float(np.mean(d)) if n else nan}
+    if n < 2:
+        return {**base, "se": nan, "t": nan, "df": nan, "p": nan, "z": nan, "verdict": "too few splits",
+                "margin": None}
+    mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
+    se = sd / math.sqrt(n)
+    if se > 0:
+        t = mean / se
+        p = float(2.0 * stats.t.sf(abs(t), n - 1))
+    else:
+        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+    z = math.copysign(_z_of_p(p), mean) if mean != 0 else 0.0
+    verdict = "no significant difference" if p >= level else ("better" if mean < 0 else "worse")
+    return {**base, "se": se, "t": t, "df": n - 1, "p": p, "z": z, "verdict": verdict, "margin": _margin(p, level)}
+
+
+def paired_comparisons(
+    records: Sequence[Mapping[str, Any]],
+    ensembles: Sequence[str] = ENSEMBLE_IDS,
+    baselines: Sequence[str] = BASELINE_IDS,
+    metrics: Sequence[str] = ("rmse", "mnll"),
+    level: float = LEVEL,
+) -> list[dict[str, Any]]:
+    """Each ensemble against each baseline on the splits both ran, per dataset and metric (:func:`paired`).
+
+    ``records``: cell records (``cells.csv`` rows, :func:`record_cells`, :func:`result_cells`). A split whose
+    value is not finite on either side (a failed fit) is left out of the pair and counted in ``dropped``.
+    Rows: dataset, ensemble, baseline, metric, ``splits`` (the common splits used) and :func:`paired`'s fields
+    with ``a`` the ensemble (``diff`` = ensemble - baseline; ``better`` = lower error for the ensemble).
+    """
+    rows = []
+    for metric in metrics:
+        vals = _split_values(records, metric)
+        datasets = list(dict.fromkeys(d for d, _ in vals))
+        for ds in datasets:
+            for e in ensembles:
+                for b in baselines:
+                    if (ds, e) not in vals or (ds, b) not in vals:
+                        continue
+                    ve, vb = vals[(ds, e)], vals[(ds, b)]
+                    common = sorted(set(ve) & set(vb))
+                    ok = [s for s in common if math.isfinite(ve[s]) and math.isfinite(vb[s])]
+                    res = paired([ve[s] for s in ok], [vb[s] for s in ok], level)
+                    rows.append({"dataset": ds, "ensemble": e, "baseline": b, "metric": metric, "splits": ok,
+                                 "dropped": len(common) - len(ok), **res})
+    return rows
+
+
+def ranking(
+    records: Sequence[Mapping[str, Any]], metrics: Sequence[str] = ("rmse", "mnll")
+) -> list[dict[str, Any]]:
+    """Per dataset and metric with at least two methods, the methods ordered on the splits that all of them ran
+    with finite values:
+    ``mean`` over those splits and ``mean_rank`` (the average over those splits of the method's rank among
+    the methods, 1 = lowest error, ties sharing the average rank). Order: by mean rank, then by mean.
+    Rows: dataset, metric, position (1 = first), method, splits (how many common splits), mean, mean_rank."""
+    from scipy import stats
+
+    rows = []
+    for metric in metrics:
+        vals = _split_values(records, metric)
+        for ds in dict.fromkeys(d for d, _ in vals):
+            ids = [m for (d, m) in vals if d == ds]
+            if len(ids) < 2:
+                continue
+            common = sorted(set.intersection(*(set(vals[(ds, m)]) for m in ids)))
+            common = [s for s in common if all(math.isfinite(vals[(ds, m)][s]) for m in ids)]
+            if not common:
+                continue
+            table = np.array([[vals[(ds, m)][s] for m in ids] for s in common])
+            ranks = stats.rankdata(table, axis=1)
+            order = sorted(range(len(ids)), key=lambda j: (ranks[:, j].mean(), table[:, j].mean()))
+            for pos, j in enumerate(order, start=1):
+                rows.append({"dataset": ds, "metric": metric, "position": pos, "method": ids[j],
+                             "splits": len(common), "mean": float(table[:, j].mean()),
+                             "mean_rank": float(ranks[:, j].mean())})
+    return rows
+
+
+def comparative_claim(
+    records: Sequence[Mapping[str, Any]],
+    ensembles: Sequence[str] = ENSEMBLE_IDS,
+    baselines: Sequence[str] = BASELINE_IDS,
+    metrics: Sequence[str] = ("rmse", "mnll"),
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """The paper's comparative claim -- bootstrap ensembles are competitive with MC dropout, SGHMC and the GP
+    (Introduction and Appendix: "either competitive to other methods or better") -- judged on ``records``.
+
+    The rule, fixed before any record was looked at:
+
+    1. A *pair* is a dataset x metric (RMSE, MNLL) on which an ensemble and at least one baseline ran at least
+       2 common splits with finite values.
+    2. The *best baseline* of a pair is the baseline with the lowest mean over the splits it shares with the
+       ensemble (choosing the strongest opponent after the fact works against the ensemble).
+    3. The ensemble is *competitive* on the pair unless a two-sided paired t-test (:func:`paired`, on the
+       common splits, at ``level`` = 5%) finds it significantly worse than the best baseline.
+    4. The claim *holds* for an ensemble (1 or 4 hidden layers, each judged apart) when it is competitive on
+       more than half of its pairs. Overall: ``supported`` when it holds for every ensemble with pairs,
+       ``partly supported`` when for some, ``not supported`` when for none, ``not tested`` without any pair.
+
+    Margin (noise units): a pair's is ``|z - z(level)|`` with ``z`` the signed normal quantile of its p-value
+    (positive when the ensemble is worse); an ensemble's is the smallest distance at which enough pairs would
+    flip to change its outcome (the j-th smallest pair margin on the deciding side, j the number of pairs that
+    must flip); the overall one is the smallest of the ensembles'.
+
+    Returns ``{"verdict", "margin", "ensembles": {id: {"pairs", "competitive", "needed", "holds",
+    "margin"}}}``, each pair with dataset, metric, best baseline, splits and :func:`paired`'s fields.
+    """
+    zc = _z_of_p(level)
+    per: dict[str, dict[str, Any]] = {}
+    vals_by_metric = {m: _split_values(records, m) for m in metrics}
+    for e in ensembles:
+        pairs = []
+        for metric in metrics:
+            vals = vals_by_metric[metric]
+            for ds in dict.fromkeys(d for d, _ in vals):
+                if (ds, e) not in vals:
+                    continue
+                ve = vals[(ds, e)]
+                best = None
+                for b in baselines:
+                    if (ds, b) not in vals:
+                        continue
+                    vb = vals[(ds, b)]
+                    ok = [s for s in sorted(set(ve) & set(vb)) if math.isfinite(ve[s]) and math.isfinite(vb[s])]
+                    if len(ok) < 2:
+                        continue
+                    mb = float(np.mean([vb[s] for s in ok]))
+                    if best is None or mb < best[1]:
+                        best = (b, mb, ok)
+                if best is None:
+                    continue
+                b, _, ok = best
+                res = paired([ve[s] for s in ok], [vals[(ds, b)][s] for s in ok], level)
+                competitive = res["verdict"] != "worse"
+                pairs.append({"dataset": ds, "metric": metric, "baseline": b, "splits": ok, **res,
+                              "competitive": competitive, "pair_margin": abs(res["z"] - zc)})
+        if not pairs:
+            continue
+        k, n = sum(p["competitive"] for p in pairs), len(pairs)
+        needed = n // 2 + 1
+        holds = k >= needed
+        side = sorted(p["pair_margin"] for p in pairs if p["competitive"] == holds)
+        flips = (k - needed + 1) if holds else (needed - k)
+        margin = side[flips - 1] if flips <= len(side) else None
+        per[e] = {"pairs": pairs, "competitive": k, "needed": needed, "holds": holds, "margin": margin}
+    if not per:
+        return {"verdict": "not tested", "margin": None, "ensembles": per}
+    held = [v["holds"] for v in per.values()]
+    verdict = "supported" if all(held) else ("not supported" if not any(held) else "partly supported")
+    margins = [v["margin"] for v in per.values()]
+    margin = None if any(m is None for m in margins) else min(margins)
+    return {"verdict": verdict, "margin": margin, "ensembles": per}
+
+
+def published_reference() -> list[dict[str, Any]]:
+    """Published UCI results of other papers on the same standard splits (not ours, not the paper's):
+    ``bootens_core/data/published_uci.csv``, one row per source x method x dataset x metric, with the ± as
+    printed and its convention (``SE``, ``SD`` or ``unstated``), the number of splits, the conversion applied
+    (a test log-likelihood LL is stored as MNLL = -LL; the ± is unchanged) and where the number was read."""
+    text = resources.files("bootens_core.data").joinpath("published_uci.csv").read_text()
+    rows = []
+    for r in csv.DictReader(io.StringIO(text)):
+        rows.append({**r, "mean": float(r["mean"]), "pm": float(r["pm"]), "n_splits": int(r["n_splits"])})
+    return rows
+
+
+def summarise(records: list[dict[str, Any]], cfg: UCIConfig, level: float = LEVEL) -> dict[str, Any]:
+    """Rows of mean, SD and SE over splits per dataset x method x metric, the paper's numbers and the test of
+    :func:`compare_with_paper` (its fields in the row); ``std`` is the population SD (ddof 0, as Gal's
+    scripts print it), ``sd`` the sample SD (ddof 1) behind ``se``. Counts of verdicts over the RMSE and MNLL
+    cells the paper has, and ``cells_differ_holm``: how many of them differ from the paper at family-wise
+    ``level`` (Holm's step-down over those cells' p-values)."""
+    ref = paper_reference()
+    rows = []
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r["method"], int(r["hidden_layers"])), []).append(r)
+    for (ds, meth, layers), recs in groups.items():
+        for metric, col in METRICS.items():
+            vals = np.asarray([float(r[col]) for r in recs])
+            mean, std = float(np.mean(vals)), float(np.std(vals))  # std over splits, ddof=0 as Gal's code
+            pm = ref.get((ds, meth, layers, metric))
+            row = {"dataset": ds, "method": meth, "hidden_layers": layers, "metric": metric, "mean": mean,
+                   "std": std, "n_splits": len(recs),
+                   "diverged_particles": int(sum(int(r["diverged_particles"]) for r in recs))}
+            if pm is not None:
+                row.update(compare_with_paper(vals, pm[0], pm[1], uci.PAPER_SPLITS[ds], level))
+                row["mean"] = mean  # the plain mean, also where a split failed
+            else:
+                sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+                row.update({"sd": sd, "se": sd / math.sqrt(len(vals)), "paper_mean": None, "paper_std": None,
+                            "verdict": "not in the paper"})
+            rows.append(row)
+    compared = [r for r in rows if r["paper_mean"] is not None]
+    differ = holm([r["p"] for r in compared], level)
+    return {
+        "rows": rows,
+        "cells_total": len(compared),
+        "cells_agree": sum(r["verdict"] == "agrees" for r in compared),
+        "cells_better": sum(r["verdict"] == "better" for r in compared),
+        "cells_worse": sum(r["verdict"] == "worse" for r in compared),
+        "cells_failed": sum(r["verdict"] == "failed" for r in compared),
+        "cells_too_few": sum(r["verdict"] == "too few splits" for r in compared),
+        "cells_differ_holm": int(sum(differ)),
+        "n_cells": len(records),
+        "datasets": list(cfg.datasets),
+        "methods": list(cfg.methods),
+        "n_particles": cfg.n_particles,
+        "diverged_particles_total": int(sum(int(r["diverged_particles"]) for r in records)),
+        "wall_s_cells_total": float(sum(float(r["wall_s"]) for r in records)),
+        "level": level,
+        "verdict_rule": (f"Welch-type t-test of our mean over splits against the paper's (SE = SD / sqrt(n) on "
+                         f"both sides, the paper's SD at least 0.005 and its printed mean +-0.005), two-sided at "
+                         f"{level:g}: agrees, else better (lower) or worse"),
+    }
+
+
+def cells_csv(records: list[dict[str, Any]]) -> str:
+    """``cells.csv``: one row per dataset x split x method with the :data:`~bootens_core.repro.harness.CELL_FIELDS`."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(harness.CELL_FIELDS), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow({k: (f"{float(r[k]):.6g}" if isinstance(r[k], float) else r[k]) for k in harness.CELL_FIELDS})
+    return buf.getvalue()
+
+
+def lbfgs_check(
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    dataset: str = "boston",
+    split: int = 0,
+    hidden_layers: int = 1,
+    noise_var: float = 0.1,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """One particle of a UCI cell, optimised by the paper's L-BFGS and by references (float64).
+
+    Returns the loss curves (``-log p~`` per iteration) of: ``fixed`` -- the fixed-step L-BFGS of the
+    ensembles (a plain loop over ``optax.lbfgs``); ``train`` -- the same particle through
+    :func:`bootens_core.ensemble.train` (must equal ``fixed``); ``zoom`` -- optax's L-BFGS with its zoom line
+    search; ``scipy`` -- ``scipy.optimize.minimize(method="L-BFGS-B")`` with the same memory and iteration
+    budget. ``direction_rel_err`` is, at every fixed step, the relative difference between optax's update
+    and ``-step * gamma_k * H_k g_k`` built from the same (s, y) pairs by scipy's ``LbfgsInvHessProduct``
+    (which starts from the identity; scaling y by gamma_k and the product by gamma_k gives the gamma_k I
+    start).
+
+    The paper's optimizer as written, ``torch.optim.LBFGS(lr=lbfgs_step_size, max_iter=m,
+    history_size=lbfgs_memory)`` with ``m = min(lbfgs_iters_per_step, steps)``, stepped ``steps // m`` times
+    (:func:`bootens_core.ensemble.lbfgs.torch_lbfgs`): ``torch`` -- its loss at the start of every outer step,
+    ``torch_iters`` -- the iterations made before each of them (the x-axis of ``torch`` beside the others),
+    ``final["torch"]``; ``torch_pairs`` -- curvature pairs it built, stored and skipped (``y.s <= 1e-10``;
+    counted exactly only when ``lbfgs_memory > m``, else ``None``). Why optax's fixed step can climb:
+    ``fixed_uphill`` -- the fixed-step iterations whose update points uphill (``g.d >= 0``), and
+    ``fixed_negative_pairs`` -- the pairs with ``y.s <= 0`` that optax stored (torch would have skipped
+    them).
+    """
+    from scipy.optimize import LbfgsInvHessProduct, minimize
+
+    steps = cfg.lbfgs_steps if steps is None else int(steps)
+    data = uci.load(dataset, split)
+    model = models.mlp(data.x_train.shape[1], (cfg.width,) * hidden_layers, "relu",
+                       weight_var=cfg.weight_var, bias_var=cfg.bias_var, scale_by_fan_in=cfg.scale_by_fan_in)
+    x = jnp.asarray(data.x_train, jnp.float64)
+    y = jnp.asarray(data.y_train, jnp.float64)
+    opt = ensemble.optimizer("lbfgs", cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
+    state, pert = ensemble.init(key, model, y, noise_var, 1, opt)
+    one = jax.tree.map(lambda a: a[0], pert)
+    theta0, unravel = models.ravel(jax.tree.map(lambda a: a[0], state.params))
+
+    from ...perturb import perturbed_log_joint
+
+    def loss_flat(w):
+        return -perturbed_log_joint(model, unravel(w), x, one, noise_var)
+
+    loss_grad = jax.jit(jax.value_and_grad(loss_flat))
+
+    # Fixed-step L-BFGS by hand on the flat vector, recording (s, y) pairs and updates.
+    tx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
+    tx_update = jax.jit(tx.update)
+    v, st = theta0, tx.init(theta0)
+    fixed, rel_err, s_hist, y_hist, prev, uphill = [], [], [], [], None, 0
+    for _ in range(steps):
+        val, g = loss_grad(v)
+        fixed.append(float(val))
+        upd, st = tx_update(g, st, v)
+        gn = np.asarray(g)
+        uphill += int(float(np.dot(gn, np.asarray(upd))) >= 0)
+        if prev is None:
+            ref = -cfg.lbfgs_step_size * min(1.0, 1.0 / np.linalg.norm(gn)) * gn
+        else:
+            s_hist.append(np.asarray(v) - prev[0])
+            y_hist.append(gn - prev[1])
+            sk, yk = np.array(s_hist[-cfg.lbfgs_memory:]), np.array(y_hist[-cfg.lbfgs_memory:])
+            gamma = float(sk[-1] @ yk[-1] / (yk[-1] @ yk[-1]))
+            ref = -cfg.lbfgs_step_size * gamma * LbfgsInvHessProduct(sk, gamma * yk).matvec(gn)
+        rel_err.append(float(np.linalg.norm(np.asarray(upd) - ref) / np.linalg.norm(ref)))
+        prev = (np.asarray(v), gn)
+        v = v + upd
+
+    trained = ensemble.train(key, model, x, y, noise_var=noise_var, n_particles=1, opt=opt, steps=steps,
+                             on_diverged="report")
+
+    ztx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory)
+    vz, sz, zoom = theta0, ztx.init(theta0), []
+
+    def value_only(w):
+        return loss_grad(w)[0]
+
+    @jax.jit
+    def zoom_step(w, s):
+        val, g = optax.value_and_grad_from_state(value_only)(w, state=s)
+        upd, s = ztx.update(g, s, w, value=val, grad=g, value_fn=value_only)
+        return optax.apply_updates(w, upd), s, val
+
+    for _ in range(steps):
+        vz, sz, val = zoom_step(vz, sz)
+        zoom.append(float(val))
+
+    sp: list[float] = []
+
+    def fun(w):
+        val, g = loss_grad(jnp.asarray(w))
+        return float(val), np.asarray(g, np.float64)
+
+    res = minimize(fun, np.asarray(theta0), jac=True, method="L-BFGS-B",
+                   options={"maxiter": steps, "maxcor": cfg.lbfgs_memory},
+                   callback=lambda w: sp.append(fun(w)[0]))
+
+    # torch.optim.LBFGS(lr, max_iter=m, history_size=lbfgs_memory), stepped steps // m times.
+    from ...ensemble.lbfgs import torch_lbfgs
+
+    m_iter = max(1, min(cfg.lbfgs_iters_per_step, steps))
+    ttx = torch_lbfgs(cfg.lbfgs_step_size, max_iter=m_iter, history_size=cfg.lbfgs_memory)
+
+    @jax.jit
+    def torch_step(w, s):
+        val, g = loss_grad(w)
+        upd, s = ttx.update(g, s, w, value=val, grad=g, value_fn=loss_flat)
+        return w + upd, s, val
+
+    vt, stt = theta0, ttx.init(theta0)
+    torch_curve, torch_iters, stored = [], [], 0
+    for _ in range(steps // m_iter):
+        before = (int(stt.hist_count), int(stt.hist_start))
+        torch_iters.append(int(stt.n_iter))
+        vt, stt, val = torch_step(vt, stt)
+        torch_curve.append(float(val))
+        stored += int(stt.hist_count) - before[0] + (int(stt.hist_start) - before[1]) % cfg.lbfgs_memory
+    built = max(int(stt.n_iter) - 1, 0)  # every iteration but the very first builds a pair
+    exact = cfg.lbfgs_memory > m_iter
+    neg_pairs = sum(int(float(np.dot(a, b)) <= 0) for a, b in zip(s_hist, y_hist))
+    return {
+        "fixed": np.asarray(fixed),
+        "train": np.asarray(trained.loss[:, 0]),
+        "zoom": np.asarray(zoom),
+        "scipy": np.asarray([fun(np.asarray(theta0))[0], *sp]),
+        "torch": np.asarray(torch_curve),
+        "torch_iters": np.asarray(torch_iters),
+        "torch_pairs": {"built": built, "stored": stored if exact else None,
+                        "skipped": built - stored if exact else None},
+        "fixed_uphill": uphill,
+        "fixed_negative_pairs": neg_pairs,
+        "final": {"fixed": float(loss_grad(v)[0]), "zoom": float(value_only(vz)), "scipy": float(res.fun),
+                  "torch": float(loss_grad(vt)[0])},
+        "scipy_nfev": int(res.nfev),
+        "direction_rel_err": np.asarray(rel_err),
+        "n_params": int(theta0.shape[0]),
+        "dataset": dataset, "split": split, "hidden_layers": hidden_layers, "noise_var": noise_var,
+    }
+
+
+def sghmc_step_study(
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    dataset: str = "boston",
+    split: int = 0,
+    step_sizes: tuple[float, ...] = (1e-3, 3e-3, 1e-2, 3e-2),
+    noise_var: float | None = None,
+) -> dict[str, Any]:
+    """Scale-adapted SGHMC on one UCI split for several step sizes ``eps`` (``lr_scaling="none"``), every other
+    setting from ``cfg`` (the paper's: 10 restarts x 20 draws, burn-in 2000, thin 2000, batch 20).
+
+    ``noise_var`` (standardised label units) is fixed across step sizes; ``None`` takes the GP's noise fitted
+    by the marginal likelihood on the same training split (the data's own noise level, no grid search).
+    For every ``eps``: test RMSE, MNLL and 95% coverage of the mixture of the kept draws (original units),
+    the restarts that diverged (left out), the predictive R-hat across restarts on the test inputs (mean and
+    max over points; 1 = the restarts agree), the median log joint of the last kept draws and the wall time.
+    """
+    import dataclasses
+    import time
+
+    from ...baselines import gp
+
+    data = uci.load(dataset, split)
+    if noise_var is None:
+        noise_var = float(gp.fit_predict(key, data.x_train, data.y_train, data.x_test, method="gpr").noise_var)
+    model = _mlp(data.x_train.shape[1], 1, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
+    dtype = jnp.dtype(cfg.dtype)
+    rows = []
+    for eps in step_sizes:
+        start = time.perf_counter()
+        res = samplers.sghmc_model(
+            key, model, data.x_train, data.y_train, noise_var, n_restarts=cfg.sghmc_restarts,
+            n_draws=cfg.sghmc_draws, burn_in=cfg.sghmc_burn_in, thin=cfg.sghmc_thin, lr=float(eps),
+            mdecay=cfg.sghmc_mdecay, batch_size=min(cfg.sghmc_batch_size, data.x_train.shape[0]),
+            lr_scaling="none", on_diverged="report", dtype=dtype,
+        )
+        wall = time.perf_counter() - start
+        ok = ~np.asarray(res.info["diverged"], bool)
+        kept = res._replace(params=jax.tree.map(lambda a: a[ok], res.params))
+        draws = jax.tree.map(lambda a: a.reshape((-1, *a.shape[2:])), kept.params)
+        f = np.asarray(models.predict(model, draws, jnp.asarray(data.x_test, dtype)), np.float64)
+        scores = harness.evaluate(data.y_test, Prediction(f, noise_var), data.y_std) if f.size else {
+            "test_rmse": math.nan, "test_mnll": math.nan, "coverage95": math.nan}
+        diag = samplers.predictive_diagnostics(model, kept, data.x_test) if ok.sum() > 1 else {}
+        log_joint = np.asarray(res.log_density)[ok, -1]
+        rows.append({
+            "step_size": float(eps), **scores, "diverged_restarts": int((~ok).sum()),
+            "rhat_mean": diag.get("rhat_mean", math.nan), "rhat_max": diag.get("rhat_max", math.nan),
+            "log_joint_last_median": float(np.median(log_joint)) if log_joint.size else math.nan, "wall_s": wall,
+        })
+    return {"dataset": dataset, "split": split, "noise_var_std_units": noise_var, "rows": rows,
+            "settings": {k: v for k, v in dataclasses.asdict(cfg).items() if k.startswith("sghmc_")}}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A run that fits a short device window: priority order, cost units, budget, shards, packs and folding them.
+
+# The order of :func:`priority`: method ids first (the paper's ensembles, the 4-layer column first; then MC
+# dropout and SGHMC; GP last), then datasets, largest training set first, then splits.
+PRIORITY_METHODS = ("ensemble-4", "ensemble-1", "mcd-4", "mcd-1", "sghmc-1", "gp")
+PRIORITY_DATASETS = ("protein", "naval", "power", "kin8nm", "wine", "concrete", "energy", "boston", "yacht")
+# (training rows, inputs) of every split of each dataset (the splits of a dataset have equal sizes; a test
+# checks these against the files).
+TRAIN_SHAPES: dict[str, tuple[int, int]] = {
+    "boston": (455, 13), "concrete": (927, 8), "energy": (691, 8), "kin8nm": (7373, 8), "naval": (10741, 16),
+    "power": (8611, 4), "protein": (41157, 9), "wine": (1439, 11), "yacht": (277, 6),
+}
+# n_epochs.txt of Gal's protocol (MC dropout trains n_epochs x mcd_epochs_x epochs on every grid point; the
+# grid is 4 dropout rates x 3 precisions on every dataset).
+_MCD_EPOCHS = {name: (20 if name == "protein" else 40) for name in TRAIN_SHAPES}
+GP_SKIPPED = "GP cells skipped: GPflow/TensorFlow not installed"
+
+
+def priority(cell_list: Sequence[Cell]) -> list[Cell]:
+    """``cell_list`` in the order a short window runs it: by method id in :data:`PRIORITY_METHODS` order
+    (``ensemble-4``, ``ensemble-1``, ``mcd-4``, ``mcd-1``, ``sghmc-1``, ``gp``), then by dataset in
+    :data:`PRIORITY_DATASETS` order (Protein, Naval, Power, Kin8nm, then the rest by decreasing size), then by
+    split. Unknown ids or datasets go last, in their given order."""
+
+    def rank(order: tuple[str, ...], name: str) -> int:
+        return order.index(name) if name in order else len(order)
+
+    def key(c: Cell) -> tuple[int, int, int]:
+        return rank(PRIORITY_METHODS, c.method), rank(PRIORITY_DATASETS, c.dataset), c.split
+
+    return sorted(cell_list, key=key)
+
+
+def cost_units(method_id: str, dataset: str, cfg: UCIConfig) -> float:
+    """The size of a cell, the ``c`` by which :class:`~bootens_core.repro.cellpack.CellTimes` scales a measured cell
+    time to another dataset or depth (only ratios within a method family matter).
+
+    ``ensemble`` (full-batch L-BFGS): training rows ``n`` x parameters ``P`` of the network
+    (``P = (d + 1) w + (L - 1)(w + 1) w + w + 1`` for ``L`` hidden layers of ``w`` units on ``d`` inputs);
+    ``mcd``: that x the protocol's epochs (20 on Protein, else 40; the grid has 12 points everywhere);
+    ``sghmc`` (minibatches): ``P`` x (gradient rows, ``restarts x (burn_in + thin x draws) x batch``, plus the
+    rows the kept draws predict, ``restarts x draws x 0.2 n``); ``gp``: ``n^3`` (exact GPR) or
+    ``n x n_inducing^2`` (SVGP datasets). The particles, steps and grids are the same for every cell of a run.
+    """
+    if dataset not in TRAIN_SHAPES:
+        raise ValueError(f"unknown UCI dataset {dataset!r}")
+    n, d = TRAIN_SHAPES[dataset]
+    family, _, layers = method_id.partition("-")
+    if family == "gp":
+        return float(n) * cfg.n_inducing**2 if dataset in cfg.svgp_datasets else float(n) ** 3
+    depth, w = max(int(layers or 1), 1), cfg.width
+    params = (d + 1) * w + (depth - 1) * (w + 1) * w + w + 1
+    if family == "sghmc":
+        steps = cfg.sghmc_restarts * (cfg.sghmc_burn_in + cfg.sghmc_thin * cfg.sghmc_draws)
+        predicted = cfg.sghmc_restarts * cfg.sghmc_draws * 0.2 * n
+        return float(params) * (steps * min(cfg.sghmc_batch_size, n) + predicted)
+    units = float(n) * params
+    return units * _MCD_EPOCHS[dataset] if family == "mcd" else units
+
+
+def gp_available() -> bool:
+    """Whether GPflow and TensorFlow can be imported (found without importing them)."""
+    import importlib.util
+
+    for name in ("tensorflow", "gpflow"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return True
+
+
+def reference_times(paths: Sequence[str | Path]) -> list[cellpack.Measurement]:
+    """Cell times measured elsewhere, as references for the estimates of :func:`run_pending`.
+
+    Each path is a record folder (its ``cells.csv``, with the device of its ``provenance.json``), a
+    ``cells.csv`` file (device unknown) or a cell pack (each cell's own provenance). A path that is none of
+    these is a one-line ``ValueError``.
+    """
+    out: list[cellpack.Measurement] = []
+    for path in map(Path, paths):
+        device = None
+        if path.is_dir():
+            table = path / "cells.csv"
+            if (path / "provenance.json").is_file():
+                try:
+                    record = json.loads((path / "provenance.json").read_text())
+                    device = (record.get("device") or {}).get("kind")
+                except (OSError, json.JSONDecodeError, AttributeError):
+                    device = None
+        elif path.name.endswith((".tar.gz", ".tgz")):
+            _, members = cellpack.read_pack(path)
+            out += [m for rec in members.values() if (m := cellpack.measurement(rec, own=False)) is not None]
+            continue
+        else:
+            table = path
+        if not table.is_file() or table.suffix != ".csv":
+            raise ValueError(f"--cell-times {path}: not a record folder with cells.csv, a cells.csv or a "
+                             "cell pack")
+        try:
+            rows = list(csv.DictReader(io.StringIO(table.read_text())))
+        except (OSError, csv.Error, UnicodeDecodeError) as exc:
+            raise ValueError(f"--cell-times {table}: unreadable ({exc})") from exc
+        if rows and not {"dataset", "method", "hidden_layers", "wall_s"} <= set(rows[0]):
+            raise ValueError(f"--cell-times {table}: not a cells.csv (needs dataset, method, hidden_layers, "
+                             "wall_s)")
+        out += [m for r in rows if (m := cellpack.measurement(r, own=False, device=device)) is not None]
+    return out
+
+
+def _cell_provenance() -> dict[str, Any]:
+    """What every cell computed in this process carries: device, versions, git commit, source hash, Python."""
+    prov = store.provenance()
+    return {k: prov[k] for k in ("device", "versions", "git_commit", "source_hash", "python", "machine")}
+
+
+def _timed_cell(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """:func:`_compute_cell` plus, beside the record's fields, ``compile_s`` / ``compiles`` (XLA compilations in
+    this cell's thread) and ``provenance`` (``prov`` + the cell's whole elapsed seconds, data loading included,
+    and when it finished)."""
+    start = time.perf_counter()
+    with cellpack.CompileTimer() as timer:
+        rec = _compute_cell(key, cfg, cell)
+    rec["compile_s"] = float(timer.seconds)
+    rec["compiles"] = int(timer.compiles)
+    rec["provenance"] = {**prov, "elapsed_s": time.perf_counter() - start,
+                         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return rec
+
+
+class PendingRun(NamedTuple):
+    """What :func:`run_pending` did.
+
+    ``ran``: cells computed and stored now (finishing order); ``remaining``: the shard's cells still not stored,
+    in priority order, each with its estimated seconds in a fresh process (compilation counted once per method
+    and dataset); ``failed``: cells that raised (one-line reason; they are in ``remaining`` too);
+    ``skipped``: cells not attempted here (GP without GPflow/TensorFlow); ``notes``: lines to show;
+    ``stored_before``: the shard's cells already stored; ``store_dir`` and ``pack`` (path or ``None``).
+    """
+
+    ran: list[Cell]
+    remaining: list[tuple[Cell, float]]
+    failed: list[tuple[Cell, str]]
+    skipped: list[Cell]
+    notes: list[str]
+    stored_before: list[Cell]
+    store_dir: Path
+    pack: Path | None
+
+
+def _rel(cell_store: harness.CellStore, cell: Cell) -> str:
+    return cell_store.path(cell).relative_to(cell_store.root).as_posix()
+
+
+def run_pending(
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    budget_s: float | None = None,
+    shard: tuple[int, int] = (0, 1),
+    references: Sequence[cellpack.Measurement] = (),
+    default_s: float = 600.0,
+    safety: float = 1.25,
+    pack: str | Path | None = None,
+    pack_all: bool = False,
+    force: bool = False,
+    progress: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    start: float | None = None,
+    compute: Callable[[Cell], dict[str, Any]] | None = None,
+    root: str | Path | None = None,
+) -> PendingRun:
+    """Run the cells of ``cfg`` not yet stored, in :func:`priority` order, within ``budget_s`` seconds.
+
+    - **Which cells**: the priority order of every cell of ``cfg``, then ``shard = (I, N)`` keeps the cells at
+      positions ``I mod N`` of it (:func:`~bootens_core.repro.cellpack.shard`: independent of what is stored, so the N
+      shards cover every cell once), then the stored ones are passed over (all recomputed with ``force``). GP
+      cells are skipped, with the note :data:`GP_SKIPPED`, where GPflow/TensorFlow cannot be imported; they stay
+      remaining.
+    - **The budget** (seconds from ``start``, a ``clock()`` value; default now; ``None``: no budget): a cell
+      starts only when its estimate fits (:func:`~bootens_core.repro.cellpack.admissible`, which counts the cells
+      still running with ``cfg.workers > 1``); one that does not fit is passed over for a later one that does.
+    - **Estimates** (:class:`~bootens_core.repro.cellpack.CellTimes`, rule in its docstring, ``safety`` and
+      ``default_s`` as there): from the ``wall_s``/``compile_s`` of the configuration's stored cells (those of
+      this run join as they finish), else ``references`` (:func:`reference_times`), scaled between datasets and
+      depths of one method family by :func:`cost_units`; preferring measurements on this device.
+    - **Records**: each computed cell carries ``compile_s``, ``compiles`` and ``provenance`` (device, versions,
+      git commit, source hash, elapsed seconds) beside the usual fields, and is stored at once, atomically.
+    - **Pack** (``pack``: a ``.tar.gz`` path): rewritten after every finished cell (it exists from the start,
+      empty), with the cells computed now -- or every stored cell of ``cfg`` with ``pack_all`` -- under their
+      store-relative paths, and a ``pack.json`` manifest (config, family hashes, provenance, shard, budget,
+      what remains). A run cut off keeps a whole pack of what had finished.
+
+    ``compute`` replaces the cell computation (tests); ``root`` the cell store's folder.
+    """
+    t0 = clock() if start is None else float(start)
+    all_cells = priority(cells(cfg))
+    mine = cellpack.shard(all_cells, *shard)
+    root = Path(root) if root is not None else _store_dir(key, cfg)
+    cell_store = _CellStore(root, cfg)
+    prov = _cell_provenance()
+    times = cellpack.CellTimes(functools.partial(cost_units, cfg=cfg), device=str(prov["device"]["kind"]),
+                               default_s=default_s, safety=safety)
+    stored_all: set[Cell] = set()
+    for cell in all_cells:
+        rec = cell_store.get(cell)
+        if rec is not None:
+            stored_all.add(cell)
+            times.add_all([cellpack.measurement(rec, own=True)])
+    times.add_all(cellpack.Measurement(*m[:5], own=False) for m in references)
+    skipped = [] if gp_available() else [c for c in mine if c.method == "gp"]
+    notes = [GP_SKIPPED] if skipped else []
+    runnable = [c for c in mine if c not in set(skipped)]
+    ran: list[Cell] = []
+    pack_path = None if pack is None else Path(pack)
+
+    def write(remaining: list[str] | None = None) -> None:
+        if pack_path is None:
+            return
+        chosen = [c for c in all_cells if c in stored_all] if pack_all else ran
+        files = {_rel(cell_store, c): cell_store.path(c).read_bytes() for c in chosen}
+        manifest = {
+            "format": cellpack.PACK_FORMAT, "experiment": NAME, "config": as_dict(cfg),
+            "family_hashes": dict(cell_store._hash), "key": store.key_words(key), "provenance": prov,
+            "shard": f"{shard[0]}/{shard[1]}", "budget_s": budget_s, "pack_all": pack_all,
+            "cells": [{"path": _rel(cell_store, c), "label": c.label} for c in chosen],
+            "ran_now": len(ran), "remaining": remaining,
+            "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        cellpack.write_pack(pack_path, files, manifest)
+
+    def on_finish(cell: Cell, rec: dict[str, Any]) -> None:
+        ran.append(cell)
+        stored_all.add(cell)
+        times.add_all([cellpack.measurement(rec, own=True, device=times.device)])
+        times.warm(cell.method, cell.dataset)
+        write()
+
+    write()
+    outcome = cellpack.run_budgeted(
+        runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
+        estimate=times.estimate, budget_s=budget_s, workers=cfg.workers, clock=clock, start=t0, on_finish=on_finish, force=force,
+        progress=progress,
+    )
+    left = set(outcome.remaining) | set(skipped)
+    remaining, seen = [], set()
+    for cell in mine:
+        if cell in left:
+            remaining.append((cell, times.estimate(cell, warm=(cell.method, cell.dataset) in seen)))
+            seen.add((cell.method, cell.dataset))
+    write([c.label for c, _ in remaining])
+    return PendingRun(ran, remaining, outcome.failed, skipped, notes, outcome.stored, root, pack_path)
+
+
+# A packed cell file: <dataset>/<method id>-<family hash>/split-<k>.json (the layout of _CellStore).
+_PACKED = re.compile(r"^(?P<dataset>[a-z0-9]+)/(?P<method>[a-z]+(?:-\d+)?)-(?P<hash>[0-9a-f]{12})/"
+                     r"split-(?P<split>\d+)\.json$")
+
+
+class FoldReport(NamedTuple):
+    """What :func:`fold` did: cells written into ``store_dir`` (``replaced`` of them were there already),
+    ``outside`` of them not cells of the configuration's selection (stored, but not in its summary), ``forced``
+    of them made with another family hash (taken because of ``force``), and ``packs`` read."""
+
+    store_dir: Path
+    written: int
+    replaced: int
+    outside: int
+    forced: int
+    packs: list[str]
+
+
+def fold(
+    packs: Sequence[str | Path],
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    force: bool = False,
+    root: str | Path | None = None,
+) -> FoldReport:
+    """Merge the cells of pack files (:func:`run_pending`'s ``pack``) into the cell store of ``key`` and ``cfg``
+    (``root``: another store folder), computing nothing; :func:`from_cells` then assembles the record.
+
+    A packed cell's folder names its method family's hash (settings + code, :func:`_family_hash`). Cells whose
+    hash is not the one this configuration and this code give are refused -- nothing is written, one-line
+    ``ValueError`` -- unless ``force``, which stores them under the current hash. A later pack's cell replaces
+    an earlier one's and a stored one. A malformed pack or cell is a one-line ``ValueError``.
+    """
+    root = Path(root) if root is not None else _store_dir(key, cfg)
+    cell_store = _CellStore(root, cfg)
+    wanted = set(cells(cfg))
+    staged: dict[Cell, dict[str, Any]] = {}
+    forced: set[Cell] = set()
+    mismatch: dict[tuple[str, str, str], int] = {}
+    for p in map(Path, packs):
+        manifest, members = cellpack.read_pack(p)
+        if manifest.get("experiment") != NAME:
+            raise ValueError(f"cell pack {p} holds cells of {manifest.get('experiment')!r}, not of {NAME}")
+        for rel, rec in sorted(members.items()):
+            m = _PACKED.match(rel)
+            if m is None or m["dataset"] not in uci.DATASETS or m["method"] not in UCI_METHODS:
+                raise ValueError(f"cell pack {p}: {rel!r} is not a UCI cell file <dataset>/<method id>-<hash>/"
+                                 "split-<k>.json")
+            cell = Cell(m["dataset"], int(m["split"]), m["method"])
+            got = cellpack.measurement(rec)
+            if (not all(f in rec for f in harness.CELL_FIELDS) or got is None or got.method != cell.method
+                    or rec["dataset"] != cell.dataset or int(rec["split"]) != cell.split):
+                raise ValueError(f"cell pack {p}: {rel} is not a complete record of {cell.label}")
+            family = cell.method.partition("-")[0]
+            if m["hash"] != cell_store._hash[family]:
+                mismatch[(p.name, family, m["hash"])] = mismatch.get((p.name, family, m["hash"]), 0) + 1
+                if not force:
+                    continue
+                forced.add(cell)
+            else:
+                forced.discard(cell)
+            staged[cell] = rec
+    if mismatch and not force:
+        (name, family, h), _ = next(iter(mismatch.items()))
+        raise ValueError(
+            f"{sum(mismatch.values())} packed cell(s) were made with other settings or code than this "
+            f"configuration, e.g. {name}: {family} cells of hash {h}, where this configuration and code give "
+            f"{cell_store._hash[family]} (fold at the commit and with the --profile/--set they were made with, "
+            "or --force to take them anyway); nothing was folded"
+        )
+    replaced = 0
+    for cell in priority(list(staged)):
+        replaced += cell_store.path(cell).is_file()
+        cell_store.put(cell, staged[cell])
+    return FoldReport(root, len(staged), replaced, sum(c not in wanted for c in staged), len(forced),
+                      [str(p) for p in packs])
+
+
+def cell_devices(directory: str | Path, cfg: UCIConfig) -> dict[str, int]:
+    """How many stored cells of ``cfg`` in the cell store ``directory`` were made on each device kind (the
+    ``provenance`` of their records; ``"not recorded"`` for cells made before records carried it)."""
+    counts: dict[str, int] = {}
+    cell_store = _CellStore(directory, cfg)
+    for cell in cells(cfg):
+        rec = cell_store.get(cell)
+        if rec is not None:
+            prov = rec.get("provenance")
+            kind = (prov.get("device") or {}).get("kind") if isinstance(prov, dict) else None
+            kind = kind or "not recorded"
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))

@@ -1,0 +1,286 @@
+"""The UCI benchmark protocol: cells, noise-variance selection, test metrics, a resumable cell store.
+
+A *cell* is one dataset x split x method. For a method that needs a likelihood variance (the ensembles),
+:func:`run_cell` holds out a validation part of the training split (:func:`validation_rows`), fits the method
+on the rest for every ``sigma^2`` of a grid, keeps the ``sigma^2`` with the lowest validation MNLL, refits on
+the whole training split and scores the test split. A method that fits its own noise (the GP) is fitted once.
+Scores are in original label units: RMSE of the predictive mean, MNLL of the predictive mixture
+(log-sum-exp over the components, noise included), and the coverage of the central 95% predictive interval.
+
+Every finished cell is written at once, atomically, to a :class:`CellStore`; :func:`run_cells` skips the cells
+already there, so an interrupted run resumes where it stopped. Cells are independent and may run in threads
+(JAX and TensorFlow release the GIL while they compute).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from .. import metrics
+from ..metrics import Prediction
+from ..data import uci
+
+__all__ = [
+    "Method",
+    "Cell",
+    "CELL_FIELDS",
+    "validation_rows",
+    "evaluate",
+    "run_cell",
+    "CellStore",
+    "run_cells",
+]
+
+# The columns of cells.csv, in order.
+CELL_FIELDS = (
+    "dataset", "split", "method", "hidden_layers", "noise_var", "noise_var_std_units", "test_rmse",
+    "test_mnll", "coverage95", "wall_s", "diverged_particles", "n_components", "selection",
+)
+
+
+class Method(NamedTuple):
+    """A method of the benchmark.
+
+    ``fit(key, x_fit, y_fit, x_eval, noise_var)`` trains on standardised data and returns the
+    :class:`Prediction` at ``x_eval``. ``select_noise`` methods get each ``noise_var`` of the grid; the
+    others get ``None`` and report the variance they fitted in ``Prediction.noise_var``. A ``select_noise``
+    method may also give ``fit_grid(key, x_fit, y_fit, x_eval, noise_grid)``: the predictions of ``fit`` for
+    every value of the grid, in order, computed together (:func:`run_cell` then uses it for the selection).
+    """
+
+    name: str
+    hidden_layers: int
+    select_noise: bool
+    fit: Callable[..., Prediction]
+    fit_grid: Callable[..., list[Prediction]] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.name if self.hidden_layers == 0 else f"{self.name}-{self.hidden_layers}"
+
+
+class Cell(NamedTuple):
+    """One dataset x split x method."""
+
+    dataset: str
+    split: int
+    method: str  # a method id, e.g. "ensemble-4" or "gp"
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset}/{self.method}/split {self.split}"
+
+
+def validation_rows(n_train: int, split: int, seed: int, fraction: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of a training split are held out for validation.
+
+    The validation rows are the first ``round(fraction * n_train)`` of
+    ``numpy.random.default_rng([seed, split]).permutation(n_train)`` (positions in the training split's row
+    order, i.e. in the order of ``index_train_<split>.txt``); the others are fitted. Both are returned sorted.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation fraction must lie in (0, 1), got {fraction}")
+    n_val = int(round(fraction * n_train))
+    if n_val < 1 or n_val >= n_train:
+        raise ValueError(f"a training split of {n_train} rows cannot hold out {fraction:.0%} for validation")
+    perm = np.random.default_rng([int(seed), int(split)]).permutation(int(n_train))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def evaluate(y: np.ndarray, pred: Prediction, y_std: float) -> dict[str, float]:
+    """Test RMSE, MNLL and 95% coverage of ``pred`` against standardised labels ``y``, in original units.
+
+    Standardisation ``y = (y_orig - mean) / y_std`` scales errors by ``y_std`` and shifts every log
+    density by ``log y_std``; coverage is unit-free.
+    """
+    f = np.asarray(pred.f, np.float64)
+    if f.shape[0] == 0:
+        return {"test_rmse": math.nan, "test_mnll": math.nan, "coverage95": math.nan}
+    return {
+        "test_rmse": metrics.rmse(y, f.mean(0)) * y_std,
+        "test_mnll": metrics.mixture_mnll(y, f, pred.var) + math.log(y_std),
+        "coverage95": metrics.mixture_coverage(y, f, pred.var, 0.95),
+    }
+
+
+def _restandardise(s: uci.UCISplit, fit_rows: np.ndarray, other_rows: np.ndarray):
+    """Fit rows and other rows of the training split, standardised with the fit rows' statistics only."""
+    x = s.x_train * s.x_std + s.x_mean
+    y = s.y_train * s.y_std + s.y_mean
+    xm, xs, ym, ys = uci.standardisation(x[fit_rows], y[fit_rows])
+    return (x[fit_rows] - xm) / xs, (y[fit_rows] - ym) / ys, (x[other_rows] - xm) / xs, (y[other_rows] - ym) / ys, ys
+
+
+def run_cell(
+    key: jax.Array,
+    method: Method,
+    data: uci.UCISplit,
+    *,
+    noise_grid: Sequence[float],
+    val_seed: int,
+    val_fraction: float = 0.2,
+) -> dict[str, Any]:
+    """Run one cell: select ``sigma^2`` on validation MNLL (if the method needs it), refit, score the test split.
+
+    ``key`` is split into the validation fits' key (the same for every grid value: common random numbers,
+    so the grid is compared on the same replicates) and the final fit's key. Returns the cell's record:
+    the :data:`CELL_FIELDS` plus the validation curve.
+    """
+    k_val, k_fit = jax.random.split(key)
+    start = time.perf_counter()
+    record: dict[str, Any] = {}
+    if method.select_noise:
+        if not noise_grid:
+            raise ValueError("an empty noise_grid: nothing to select sigma^2 from")
+        fit_rows, val_rows = validation_rows(data.x_train.shape[0], data.split, val_seed, val_fraction)
+        x_f, y_f, x_v, y_v, ys_f = _restandardise(data, fit_rows, val_rows)
+        grid = [float(nv) for nv in noise_grid]
+        if method.fit_grid is not None:
+            preds = method.fit_grid(k_val, x_f, y_f, x_v, grid)
+        else:
+            preds = (method.fit(k_val, x_f, y_f, x_v, nv) for nv in grid)
+        val_mnll = []
+        for pred in preds:
+            score = evaluate(y_v, pred, ys_f)["test_mnll"]
+            val_mnll.append(score if math.isfinite(score) else math.inf)
+        if not any(math.isfinite(v) for v in val_mnll):
+            raise RuntimeError(f"{data.name} split {data.split}, {method.id}: every sigma^2 of the grid diverged")
+        best = int(np.argmin(val_mnll))
+        noise_var = float(noise_grid[best])
+        record["val_mnll"] = val_mnll
+        record["noise_grid"] = [float(v) for v in noise_grid]
+        selection = f"validation MNLL over {len(noise_grid)} values"
+        pred = method.fit(k_fit, data.x_train, data.y_train, data.x_test, noise_var)
+    else:
+        pred = method.fit(k_fit, data.x_train, data.y_train, data.x_test, None)
+        noise_var = float(pred.noise_var) if pred.noise_var is not None else math.nan
+        selection = (pred.info or {}).get("selection", "fitted with the model")
+    scores = evaluate(data.y_test, pred, data.y_std)
+    if pred.info:
+        record["info"] = pred.info
+    record.update(
+        dataset=data.name, split=int(data.split), method=method.name, hidden_layers=int(method.hidden_layers),
+        noise_var=noise_var * data.y_std**2, noise_var_std_units=noise_var, **scores,
+        wall_s=time.perf_counter() - start, diverged_particles=int(pred.diverged),
+        n_components=int(np.asarray(pred.f).shape[0]), selection=selection,
+    )
+    return record
+
+
+class CellStore:
+    """Finished cells as JSON files ``<root>/<dataset>/<method id>/split-<k>.json``, written atomically."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def path(self, cell: Cell) -> Path:
+        return self.root / cell.dataset / cell.method / f"split-{cell.split}.json"
+
+    def get(self, cell: Cell) -> dict[str, Any] | None:
+        p = self.path(cell)
+        if not p.is_file():
+            return None
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            warnings.warn(f"cell record {p} is unreadable: recomputing it", stacklevel=2)
+            return None
+        if not isinstance(rec, dict) or not all(f in rec for f in CELL_FIELDS):
+            warnings.warn(f"cell record {p} is incomplete: recomputing it", stacklevel=2)
+            return None
+        return rec
+
+    def put(self, cell: Cell, record: dict[str, Any]) -> Path:
+        p = self.path(cell)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(_json_ready(record), fh, indent=1, sort_keys=True)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return p
+
+
+def _json_ready(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_ready(v) for v in obj]
+    if isinstance(obj, float | np.floating):
+        v = float(obj)
+        return v if math.isfinite(v) else str(v)  # "inf"/"nan": JSON has no such numbers
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def run_cells(
+    cells: Sequence[Cell],
+    compute: Callable[[Cell], dict[str, Any]],
+    store: CellStore,
+    *,
+    workers: int = 1,
+    force: bool = False,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Records of ``cells`` (in their order): stored ones are read, the others computed and stored at once.
+
+    With ``workers > 1`` up to that many cells run at the same time in threads. On an interrupt the cells
+    still running are abandoned; every finished one is already on disk, so the next call resumes.
+    """
+    records: dict[int, dict[str, Any]] = {}
+    todo = []
+    for i, cell in enumerate(cells):
+        rec = None if force else store.get(cell)
+        if rec is None:
+            todo.append(i)
+        else:
+            records[i] = rec
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="UCI cells", unit="cell")
+
+    def finish(i: int, rec: dict[str, Any]) -> None:
+        store.put(cells[i], rec)
+        records[i] = rec
+        if bar is not None:
+            bar.set_postfix_str(f"{cells[i].label}: {rec['wall_s']:.1f}s")
+            bar.update(1)
+
+    try:
+        if workers <= 1:
+            for i in todo:
+                finish(i, compute(cells[i]))
+        else:
+            with ThreadPoolExecutor(max_workers=int(workers)) as pool:
+                pending: dict[Future, int] = {pool.submit(compute, cells[i]): i for i in todo}
+                try:
+                    while pending:
+                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for fut in done:
+                            finish(pending.pop(fut), fut.result())
+                except BaseException:
+                    for fut in pending:
+                        fut.cancel()
+                    raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return [records[i] for i in range(len(cells))]

@@ -1,0 +1,214 @@
+"""Where the time of the whole goes: compilation against computation, call after call.
+
+The book's long computations are a UCI cell (one split of one method, with the grid search over the noise
+variance) and the MCMC references. :func:`measure` runs each of them twice in one process -- the second call
+on another split or another key, as the book does -- and records, per call, the wall time, the number of XLA
+compilations and the seconds spent tracing, lowering and compiling (from ``jax.monitoring``'s compile events,
+:class:`CompileCounter`). A second call that compiles nothing shows the compiled drivers are reused across
+cells (no recompilation per cell); what remains is computation. It also measures, in one run, the ensemble
+step with the line search's stored value checked once per ensemble against ``vmap`` of the single-particle
+step (which evaluates every particle's gradient at every step: :func:`ensemble.algorithm._ensemble_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import ensemble, models
+from . import store
+from .config import ProfileConfig, UCIConfig
+
+__all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "run", "load_ci_records"]
+
+NAME = "profile"
+Config = ProfileConfig
+
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_active: list[CompileCounter] = []
+_lock = threading.Lock()
+_registered = False
+
+
+def _listener(event: str, duration: float, **_: Any) -> None:
+    if event in _COMPILE_EVENTS:
+        with _lock:
+            for counter in _active:
+                counter.seconds += duration
+                counter.compiles += event == _BACKEND_COMPILE
+
+
+class CompileCounter:
+    """Context manager counting XLA compilations (``compiles``) and the seconds spent tracing, lowering and
+    compiling (``seconds``) while it is open, in this process."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.seconds = 0.0
+
+    def __enter__(self) -> CompileCounter:
+        global _registered
+        with _lock:
+            if not _registered:
+                jax.monitoring.register_event_duration_secs_listener(_listener)
+                _registered = True
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with _lock:
+            _active.remove(self)
+
+
+def timed_call(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``fn()`` to completion; return ``{"wall_s", "compiles", "compile_s", "compute_s"}`` where
+    ``compute_s`` is the wall time less the compile time."""
+    with CompileCounter() as counter:
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        wall = time.perf_counter() - start
+    return {"wall_s": wall, "compiles": counter.compiles, "compile_s": counter.seconds,
+            "compute_s": max(wall - counter.seconds, 0.0)}
+
+
+def line_search_step(key: jax.Array, cfg: ProfileConfig) -> dict[str, Any]:
+    """Steps/s of the L-BFGS (zoom line search) ensemble on a UCI-shaped problem, two ways, in one run.
+
+    ``ensemble``: the library's step (the stored value and gradient checked once for the whole ensemble);
+    ``vmapped``: ``vmap`` of the single-particle step, whose per-particle ``lax.cond`` becomes a ``select``
+    that evaluates every gradient at every step. Repeats alternate the two; the speed-up is the median of the
+    paired ratios. (That both give the same particles is a unit test, in float64: here, in float32, the stored
+    and the recomputed gradients differ by rounding, which L-BFGS amplifies over the steps.)
+    """
+    from .bench import SHAPES, setup, spread
+
+    in_dim, n = SHAPES[cfg.line_search_dataset]
+    n = min(n, cfg.line_search_rows) if cfg.line_search_rows else n
+    p = setup(key, in_dim, n, cfg.line_search_layers, cfg.line_search_particles)
+    model = p["model"]
+    opt = ensemble.optimizer("lbfgs", 0.5, linesearch="zoom")
+    state, pert = ensemble.init(jax.random.fold_in(key, 1), model, jnp.zeros(n, jnp.float32), p["noise_var"],
+                                cfg.line_search_particles, opt)
+    x, nv = p["x"], p["noise_var"]
+    pert = pert._replace(y=jax.random.normal(jax.random.fold_in(key, 2), pert.y.shape, pert.y.dtype))
+
+    def scan_of(step: Callable) -> Callable:
+        @jax.jit
+        def go(params, opt_state):
+            def body(carry, _):
+                params, opt_state, _ = step(*carry, pert, x, nv)
+                return (params, opt_state), None
+
+            return jax.lax.scan(body, (params, opt_state), None, length=cfg.line_search_steps)[0]
+
+        return go
+
+    runs = {
+        "ensemble": scan_of(ensemble.algorithm._ensemble_step(model, opt)),
+        "vmapped": scan_of(jax.vmap(ensemble.algorithm._particle_step(model, opt), in_axes=(0, 0, 0, None, None))),
+    }
+    for go in runs.values():  # warm-up: compilation excluded from the timings
+        jax.block_until_ready(go(state.params, state.opt_state))
+    secs: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(cfg.repeats):
+        for name, go in runs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(go(state.params, state.opt_state))
+            secs[name].append(time.perf_counter() - start)
+    rate = {name: [cfg.line_search_particles * cfg.line_search_steps / s for s in v] for name, v in secs.items()}
+    ratios = [a / b for a, b in zip(rate["ensemble"], rate["vmapped"], strict=True)]
+    return {
+        "shape": {"dataset": cfg.line_search_dataset, "rows": n, "inputs": in_dim,
+                  "hidden_layers": cfg.line_search_layers, "particles": cfg.line_search_particles,
+                  "steps": cfg.line_search_steps},
+        "particle_steps_per_s": {name: statistics.median(v) for name, v in rate.items()},
+        "spread": {name: spread(v) for name, v in rate.items()},
+        "speedup": statistics.median(ratios),
+        "speedup_spread": spread(ratios),
+    }
+
+
+def _uci_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
+    from ..data import uci as uci_data
+    from .experiments import uci
+    from .harness import Cell
+
+    ucfg = dataclasses.replace(UCIConfig.quick(), n_particles=cfg.uci_particles, lbfgs_steps=cfg.uci_lbfgs_steps,
+                               sghmc_restarts=cfg.uci_sghmc_restarts, sghmc_draws=cfg.uci_sghmc_draws)
+    out = []
+    for method in cfg.uci_methods:
+        for call, split in enumerate(cfg.uci_splits):
+            cell = Cell(cfg.uci_dataset, split, method)
+            uci_data.load(cfg.uci_dataset, split)  # reading the files is not the cell's computation
+            row = timed_call(lambda cell=cell: uci._compute_cell(key, ucfg, cell))
+            out.append({"stage": f"UCI cell {method}", "call": call + 1, "detail": f"{cfg.uci_dataset} split {split}",
+                        **row})
+    return out
+
+
+def _mcmc_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
+    from ..samplers import metropolis_model, nuts_model
+
+    model = models.mlp(1, (cfg.mcmc_width,), "relu")
+    k_data, k_run = jax.random.split(key)
+    x = np.linspace(-2.0, 2.0, cfg.mcmc_points)
+    y = np.sin(2.0 * x) + 0.3 * np.asarray(jax.random.normal(k_data, (cfg.mcmc_points,)), np.float64)
+    out = []
+    samplers = {
+        "NUTS (NumPyro)": lambda k: nuts_model(k, model, x, y, noise_var=0.1, n_chains=cfg.mcmc_chains,
+                                               n_warmup=cfg.mcmc_warmup, n_draws=cfg.mcmc_draws),
+        "Metropolis-Hastings": lambda k: metropolis_model(k, model, x, y, noise_var=0.1, n_chains=cfg.mcmc_chains,
+                                                          proposal_var=1e-3, n_draws=cfg.mcmc_draws,
+                                                          burn_in=cfg.mh_burn_in, thin=cfg.mh_thin),
+    }
+    for name, sample in samplers.items():
+        for call in range(2):
+            row = timed_call(lambda k=jax.random.fold_in(k_run, call): sample(k).params)
+            out.append({"stage": name, "call": call + 1, "detail": f"key {call}", **row})
+    return out
+
+
+def measure(key: jax.Array, cfg: ProfileConfig) -> dict[str, Any]:
+    """Profile of the whole (see the module docstring): ``calls`` (one row per call: ``stage``, ``call``,
+    ``detail``, ``wall_s``, ``compiles``, ``compile_s``, ``compute_s``), ``line_search`` and ``config``."""
+    k_uci, k_mcmc, k_ls = jax.random.split(key, 3)
+    calls = []
+    if cfg.uci_methods:
+        calls += _uci_calls(k_uci, cfg)
+    calls += _mcmc_calls(k_mcmc, cfg)
+    return {"calls": calls, "line_search": line_search_step(k_ls, cfg)}
+
+
+def run(key: jax.Array, cfg: ProfileConfig, *, use_cache: bool = True, force: bool = False) -> store.Result:
+    """:func:`measure`, cached in the result store (``summary`` holds the document)."""
+    return store.cached(NAME, key, cfg, lambda: ({}, measure(key, cfg)), use_cache=use_cache, force=force)
+
+
+def load_ci_records(directory: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Committed CI timing records ``<directory>/<label>.json`` by label (empty when there are none). Each
+    holds ``stages`` (seconds per stage of ``make test``), ``total_s``, ``machine``, ``commit`` and ``date``; a
+    record without ``stages`` or ``total_s`` is an error naming the file. ``.ci/run`` prints the numbers."""
+    import json
+    from pathlib import Path
+
+    out = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        rec = json.loads(path.read_text())
+        if not isinstance(rec, dict) or "stages" not in rec or "total_s" not in rec:
+            raise ValueError(f"{path} is not a CI timing record (no stages or total_s)")
+        out[path.stem] = rec
+    return out

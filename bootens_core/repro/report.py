@@ -1,0 +1,1243 @@
+"""Verdicts and glue-able text for the book: the rules that turn a summary into "reproduced" or not.
+
+Keeping them here (not in notebooks) makes them testable and identical wherever they are shown.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import html
+import io
+from importlib import resources
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "Text",
+    "Verdict",
+    "Provenance",
+    "deep_relu_reference",
+    "verdict_table",
+    "univariate_verdict",
+    "linear_verdicts",
+    "toy_relu_verdicts",
+    "deep_relu_verdicts",
+    "deep_relu_along",
+    "theory_verdicts",
+    "bench_table",
+    "bench_verdicts",
+    "profile_table",
+    "ci_timings_table",
+    "UCI_TABLE1",
+    "UCI_TABLES23",
+    "UCI_PENDING",
+    "uci_table",
+    "uci_size",
+    "uci_verdicts",
+    "uci_coverage",
+    "uci_runs",
+    "uci_lbfgs_variants",
+    "uci_noise_selection",
+    "uci_sghmc_study",
+    "uci_lbfgs_summary",
+    "UCI_SCALE_FIELDS",
+    "uci_paper_scale",
+    "uci_paired",
+    "uci_ranking",
+    "uci_claim",
+    "uci_published",
+    "uci_published_sources",
+    "gaussian_mnll",
+    "uci_mnll_excess",
+    "classification_verdicts",
+    "classification_agreement",
+    "classification_table",
+    "classification_paired",
+    "classification_buys",
+]
+
+
+class Text:
+    """Text that displays as itself in every mime type (``glue`` of a plain ``str`` shows its quotes)."""
+
+    def __init__(self, text: str):
+        self.text = str(text)
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_markdown_(self) -> str:
+        return self.text
+
+
+class Verdict(Text):
+    """A verdict: its text, the evidence behind it, and how far it is from going the other way.
+
+    The text names the outcome and nothing measured (a checked notebook output can then not move with the
+    last digits of a computation); the numbers go to ``evidence``. ``margin`` is the distance of the deciding
+    statistic from the nearest threshold of the rule, in units of that statistic's Monte-Carlo noise (for a
+    z-score, 1; for a p-value, its normal quantile): a verdict with a margin of a few units does not change on
+    a rerun with other random draws or another machine's rounding. ``None`` where the rule has no noise scale.
+    """
+
+    def __init__(self, text: str, evidence: str = "", margin: float | None = None):
+        super().__init__(text)
+        self.evidence = evidence
+        self.margin = None if margin is None else float(margin)
+
+
+class Provenance:
+    """Where, when and with what a committed record was made, shown as one collapsed block.
+
+    In a rendered chapter (HTML) it is a ``<details>`` element whose one-line summary names the record, the
+    device and the date, and which unfolds into every field of its ``provenance.json`` (commit, device,
+    versions, wall time, ...). As text it is that one line. ``prov`` is the provenance mapping of a record
+    (``store.load(...).provenance`` or the second item of ``store.load_record``).
+    """
+
+    def __init__(self, prov: Mapping[str, Any], label: str):
+        if not isinstance(prov, Mapping):
+            raise TypeError(f"Provenance needs the provenance mapping of a record, got {type(prov).__name__}")
+        self.prov = dict(prov)
+        self.label = str(label)
+
+    def summary(self) -> str:
+        """The one line: label, device, date and short commit (what is known of them)."""
+        device = self.prov.get("device") or {}
+        kind = device.get("kind") if isinstance(device, Mapping) else device
+        parts = [str(kind) if kind else "device not recorded"]
+        when = str(self.prov.get("finished_utc") or self.prov.get("date") or "")[:10]
+        if when:
+            parts.append(when)
+        commit = str(self.prov.get("git_commit") or "")
+        if commit:
+            parts.append(f"commit {commit[:7]}")
+        return f"Provenance of the {self.label}: " + ", ".join(parts)
+
+    def fields(self) -> list[tuple[str, str]]:
+        """Every field as (readable label, value), in the record's order; nested mappings give labels such as
+        ``versions: jax`` and ``device: kind``; ``wall_time_s`` reads ``wall time (s)``."""
+        out: list[tuple[str, str]] = []
+
+        def label(name: str) -> str:
+            words = name.replace("_", " ")
+            for end, unit in ((" s", " (s)"), (" utc", " (UTC)"), (" bytes", " (bytes)")):
+                if words.endswith(end):
+                    return words[: -len(end)] + unit
+            return words
+
+        def walk(prefix: str, value: Any, raw: str) -> None:
+            if isinstance(value, Mapping):
+                for k, v in value.items():
+                    walk(f"{prefix}: {label(str(k))}" if prefix else label(str(k)), v, str(k))
+            elif isinstance(value, float):
+                out.append((prefix, f"{value:.1f}" if raw.endswith("_s") else f"{value:.6g}"))
+            else:
+                out.append((prefix, str(value)))
+
+        walk("", self.prov, "")
+        return out
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+            for k, v in self.fields()
+        )
+        return (f"<details class='bootens-provenance'><summary>{html.escape(self.summary())}</summary>"
+                f"<table>{rows}</table></details>")
+
+
+def _dist(value: float, threshold: float, scale: float | None) -> float | None:
+    """|value - threshold| in units of ``scale`` (None without a usable scale)."""
+    if scale is None or not np.isfinite(scale) or scale <= 0:
+        return None
+    return abs(float(value) - float(threshold)) / float(scale)
+
+
+def _p_to_z(p: float) -> float:
+    """The normal quantile of a p-value: a rerun moves it by about one unit, whatever p is."""
+    from scipy import stats
+
+    return float(stats.norm.isf(min(max(float(p), 1e-300), 1.0 - 1e-16)))
+
+
+def _all_pass(conds: list[tuple[bool, float | None]]) -> tuple[bool, float | None]:
+    """Combine conditions that must all hold. Margin: if all hold, the closest one to failing; otherwise
+    the failing condition farthest from its threshold (all failing ones would have to flip)."""
+    ok = all(c for c, _ in conds)
+    relevant = [d for c, d in conds] if ok else [d for c, d in conds if not c]
+    if any(d is None for d in relevant):
+        return ok, None
+    return ok, (min(relevant) if ok else max(relevant))
+
+
+def _fmt_margin(m: float | None) -> str:
+    return "—" if m is None else ("> 99" if m > 99 else f"{m:.1f}")
+
+
+def verdict_table(verdicts: dict[str, Verdict], labels: dict[str, str] | None = None) -> pd.DataFrame:
+    """Verdicts with their evidence and margin (in Monte-Carlo noise units of the deciding statistic)."""
+    labels = labels or {}
+    rows = {labels.get(k, k): {"verdict": str(v), "evidence": getattr(v, "evidence", ""),
+                              "margin (noise units)": _fmt_margin(getattr(v, "margin", None))}
+            for k, v in verdicts.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def univariate_verdict(s: dict[str, Any]) -> Verdict:
+    """Figure 1 is reproduced when the final particles match the posterior within 4 Monte-Carlo scales."""
+    me, me_sc = s["mean_error_sd"], s["mean_error_sd_mc_scale"]
+    sr, sr_sc = s["sd_ratio"], s["sd_ratio_mc_scale"]
+    z_ks, z_cut = _p_to_z(s["ks_pvalue"]), _p_to_z(1e-3)
+    ok, margin = _all_pass([
+        (me < 4 * me_sc, _dist(me, 4 * me_sc, me_sc)),
+        (abs(sr - 1) < 4 * sr_sc, _dist(abs(sr - 1), 4 * sr_sc, sr_sc)),
+        (s["ks_pvalue"] > 1e-3, _dist(z_ks, z_cut, 1.0)),
+    ])
+    evidence = (f"mean error {me:.3f} sd (limit {4 * me_sc:.3f}); sd ratio {sr:.3f} (limit 1 ± {4 * sr_sc:.3f}); "
+                f"KS p = {s['ks_pvalue']:.3g} (limit 0.001)")
+    return Verdict("reproduced" if ok else "NOT reproduced", evidence, margin)
+
+
+def linear_verdicts(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> dict[str, Verdict]:
+    """Verdicts of the linear chapter.
+
+    Figures 2/5: the final KL within 3 sd of the self-distance. Section 4.1: |z| < 4 for the full covariance
+    error and for the data-subspace KL of the MAP samples, and the chi-square test of their mean p > 1e-3.
+    The deviation named in the verdict is the one the summary ran (``step_size``, ``steps``).
+
+    ``scaled``: the summary of the same experiment with ``feature_scale = "sqrt(2/D)"``; adds ``"scaled"``:
+    whether the paper's Adagrad setting (``paper_setting_step_size``, ``paper_setting_steps``) reaches the
+    self-distance on that model, by the same rule (KL after its last step within 3 sd of the self-distance).
+    """
+    sd = s["self_distance_sd"]
+    limit = s["self_distance_mean"] + 3 * sd
+    kl_ok = s["kl_final"] <= limit
+    paper_ok = s["paper_setting_kl_final"] <= limit
+    # Either comparison flipping changes the verdict: the margin is the closer of the two.
+    m_kl, m_paper = _dist(s["kl_final"], limit, sd), _dist(s["paper_setting_kl_final"], limit, sd)
+    kl_margin = None if m_kl is None or m_paper is None else min(m_kl, m_paper)
+    map_ok, map_margin = _all_pass([
+        (abs(s["map_cov_z"]) < 4, _dist(abs(s["map_cov_z"]), 4, 1.0)),
+        (abs(s["map_subspace_kl_z"]) < 4, _dist(abs(s["map_subspace_kl_z"]), 4, 1.0)),
+        (s["map_mean_chi2_pvalue"] > 1e-3, _dist(_p_to_z(s["map_mean_chi2_pvalue"]), _p_to_z(1e-3), 1.0)),
+    ])
+    if kl_ok and paper_ok:
+        kl = "reproduced"
+    elif kl_ok:
+        steps = f"{int(s['steps']):,}".replace(",", " ")  # 20000 -> "20 000"
+        kl = f"reproduced with a deviation (Adagrad h = {s['step_size']:g}, {steps} steps)"
+    else:
+        kl = "NOT reproduced"
+    kl_ev = (f"final KL {s['kl_final']:.3f}, paper's setting {s['paper_setting_kl_final']:.4g}; limit: "
+             f"self-distance {s['self_distance_mean']:.3f} + 3 × {sd:.3f} = {limit:.3f}")
+    map_ev = (f"covariance z = {s['map_cov_z']:.2f}, subspace KL z = {s['map_subspace_kl_z']:.2f} (limit |z| < 4); "
+              f"χ² p = {s['map_mean_chi2_pvalue']:.3g} (limit 0.001)")
+    out = {"kl": Verdict(kl, kl_ev, kl_margin),
+           "map": Verdict("reproduced" if map_ok else "NOT reproduced", map_ev, map_margin)}
+    if scaled is not None:
+        c = scaled
+        c_sd, n = c["self_distance_sd"], c["paper_setting_steps"]
+        c_limit = c["self_distance_mean"] + 3 * c_sd
+        c_ok = c["paper_setting_kl_final"] <= c_limit
+        c_ev = (f"features × {c['feature_scale']}, Adagrad h = {c['paper_setting_step_size']:g}: KL after {n} steps "
+                f"{c['paper_setting_kl_final']:.3f}; limit: self-distance {c['self_distance_mean']:.3f} + 3 × "
+                f"{c_sd:.3f} = {c_limit:.3f}")
+        if "paper_setting_continued_steps_to_self_distance_3sd" in c:
+            first = c["paper_setting_continued_steps_to_self_distance_3sd"]
+            c_ev += (f"; the same run continued: within the limit from step {first}" if first is not None else
+                     f"; the same run continued to {c['paper_setting_continued_steps']} steps: never within it")
+        out["scaled"] = Verdict(f"{'reaches' if c_ok else 'does not reach'} the self-distance in {n} steps", c_ev,
+                                _dist(c["paper_setting_kl_final"], c_limit, c_sd))
+    return out
+
+
+TOY_KL_T = 4.0  # |mean / SE| beyond which a change of the histogram KL counts (SE over independent ensembles)
+TOY_STEPS = {"paper_step": "the paper's step", "small_step": "the small step"}
+
+
+def _toy_trend(d: float, se: float) -> tuple[str, float, float | None]:
+    """Two-sided rule on a difference ``d`` with standard error ``se``: ``falls`` if ``d / se < -TOY_KL_T``,
+    ``rises`` if ``> TOY_KL_T``, else ``no change``; margin: ``| |d / se| - TOY_KL_T |`` (in SE units)."""
+    if not (np.isfinite(se) and se > 0):
+        return ("no change" if d == 0 else ("falls" if d < 0 else "rises")), 0.0 if d == 0 else float("inf"), None
+    t = d / se
+    word = "falls" if t < -TOY_KL_T else "rises" if t > TOY_KL_T else "no change"
+    return word, float(t), abs(abs(t) - TOY_KL_T)
+
+
+def toy_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
+    """Verdicts of the toy-ReLU chapter (Figure 4).
+
+    With the histogram study (``s["histogram"]``, see ``experiments.toy_relu``), every KL statistic is a
+    difference of the histogram estimate of ``KL(q_t || p)`` between two times of the same ensembles, with its
+    standard error over ``repeats`` independent ensembles; the rule on ``t = difference / SE`` is two-sided:
+    ``t < -4`` the KL falls, ``t > 4`` it rises, otherwise no change beyond its noise. Per step size
+    (``paper_step``, ``small_step``):
+
+    * ``<step>_all``: final minus step 0 (including the first steps, where the paper's step overshoots);
+    * ``<step>_late``: final minus the end of the overshoot window (the steps until an overshoot at the
+      largest curvature has decayed below the configured tolerance; the same time at the small step);
+    * ``<step>_min``: final minus the minimum of the mean curve (cross-fitted), a rise after the minimum.
+
+    ``kl``: the paper's claim, a (strictly) decreasing KL curve: reproduced when at both step sizes the KL falls
+    from step 0 and does not rise after its minimum beyond its noise. ``kl_kde``: the same claim judged with the
+    paper's estimator (200-particle KDE): no rise between evaluated steps above 2 sd of the KDE self-distance.
+    ``rhat``: the paper reports an average predictive R-hat of 1.00: reproduced when our largest predictive
+    R-hat is below the 99% quantile of R-hat on i.i.d. draws (``rhat_iid_q99``). ``posterior``: whether the
+    final particles (paper's step) are the posterior: their histogram KL within 4 SE of what exact posterior
+    draws score (without the histogram study: the KDE KL within the KDE self-distance + 2 sd).
+
+    Margins: histogram statistics in SE units (``| |t| - 4 |``); KDE statistics in units of the KDE
+    self-distance's sd; R-hat in units of its i.i.d. noise, taken as (q99 - 1) / 2.33.
+    """
+    out: dict[str, Verdict] = {}
+    h = s.get("histogram")
+    sd = s["kde_self_distance_sd"]
+    noise = 2 * sd
+    rise = s["kl_max_increase"]
+    kde = Verdict("reproduced" if rise <= noise else "NOT reproduced (a rise beyond the estimator's noise)",
+                  f"paper's estimator (200-particle KDE): largest rise {rise:.3g} against 2 sd of its self-distance "
+                  f"= {noise:.3g}", _dist(rise, noise, sd))
+    if h is not None:
+        conds, falls_all, rises_min = [], {}, {}
+        texts = {"falls": "falls beyond its noise", "rises": "rises beyond its noise",
+                 "no change": "no change beyond its noise"}
+        for lab in TOY_STEPS:
+            st = h[lab]
+            for win, key, what in (("all", "net_all", "final minus step 0"),
+                                   ("late", "net_late", f"final minus time {h['overshoot_time']:g}")):
+                word, t, m = _toy_trend(st[key], st[f"{key}_se"])
+                out[f"{lab}_{win}"] = Verdict(
+                    texts[word], f"h = {st['step_size']:g}: {what} = {st[key]:.4g} ± {st[f'{key}_se']:.2g} "
+                    f"(t = {t:.1f}, limit ±{TOY_KL_T:g})", m)
+                if win == "all":
+                    falls_all[lab] = word == "falls"
+                    conds.append((word == "falls", None if m is None else abs(t + TOY_KL_T)))
+            word, t, m = _toy_trend(st["rise_after_min"], st["rise_after_min_se"])
+            rises_min[lab] = word == "rises"
+            out[f"{lab}_min"] = Verdict(
+                "rises again after its minimum, beyond its noise" if rises_min[lab]
+                else "no rise after its minimum beyond its noise",
+                f"h = {st['step_size']:g}: final minus the minimum at time {st['kl_min_time']:g} (cross-fitted) = "
+                f"{st['rise_after_min']:.4g} ± {st['rise_after_min_se']:.2g} (t = {t:.1f}, limit {TOY_KL_T:g})",
+                None if m is None else abs(t - TOY_KL_T))
+            conds.append((not rises_min[lab], None if m is None else abs(t - TOY_KL_T)))
+        ok, margin = _all_pass(conds)
+        if ok:
+            text = "reproduced"
+        elif not all(falls_all.values()):
+            text = "NOT reproduced (the KL does not fall beyond its noise)"
+        else:  # which step sizes rise is in the per-step verdicts (a text naming them would flip with either)
+            text = "NOT reproduced (the KL falls, then rises again beyond its noise)"
+        ev = "; ".join(f"{TOY_STEPS[k]}: {'falls' if falls_all[k] else 'does not fall'}, "
+                       f"{'rises' if rises_min[k] else 'no rise'} after its minimum" for k in TOY_STEPS)
+        out["kl"] = Verdict(text, f"histogram estimator, {h['repeats']} ensembles of {h['particles']} particles; {ev}",
+                            margin)
+    out["kl_kde"] = kde
+    q99 = s["rhat_iid_q99"]
+    rhat_scale = (q99 - 1) / 2.326
+    out["rhat"] = Verdict(
+        "reproduced" if s["rhat_max"] <= q99 else "NOT reproduced (largest R-hat above i.i.d. noise)",
+        f"largest predictive R-hat {s['rhat_max']:.3f} against the i.i.d. 99% quantile {q99:.3f}",
+        _dist(s["rhat_max"], q99, rhat_scale))
+    not_post = "NOT the exact posterior (as the paper says, the ensemble is not the same as MCMC)"
+    if h is not None:
+        st = h["paper_step"]
+        d = st["kl_final"] - h["bias_posterior"]
+        se = float(np.hypot(st["kl_final_se"], h["bias_posterior_se"]))
+        far = d > TOY_KL_T * se
+        out["posterior"] = Verdict(
+            not_post if far else "the exact posterior",
+            f"final histogram KL {st['kl_final']:.4g} ± {st['kl_final_se']:.2g} against exact posterior draws "
+            f"{h['bias_posterior']:.2g} ± {h['bias_posterior_se']:.2g} (limit: 4 SE)", _dist(d, TOY_KL_T * se, se))
+    else:
+        floor = s["kde_self_distance_mean"] + noise
+        out["posterior"] = Verdict(
+            "the exact posterior" if s["kl_final_vs_exact"] <= floor else not_post,
+            f"final KL to the exact posterior {s['kl_final_vs_exact']:.3g} against the floor "
+            f"{s['kde_self_distance_mean']:.3g} + 2 × {sd:.3g}", _dist(s["kl_final_vs_exact"], floor, sd))
+    first = [k for k in ("kl", "kl_kde") if k in out]
+    return {k: out[k] for k in first + [k for k in out if k not in first]}
+
+
+# Figure 3's rule: a statistic agrees with the reference when it is within DEEP_RELU_T of the reference's
+# own half-vs-half noise units; the reference counts as converged below DEEP_RELU_RHAT.
+DEEP_RELU_T = 2.0
+DEEP_RELU_RHAT = 1.1
+
+
+def _deep_relu_agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
+    """Two-sided agreement of one step with the reference: (agrees, margin, evidence)."""
+    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    ls = abs(float(np.log(sd_ratio)))
+    ok, margin = _all_pass([(mad <= DEEP_RELU_T * um, _dist(mad, DEEP_RELU_T * um, um)),
+                            (ls <= DEEP_RELU_T * us, _dist(ls, DEEP_RELU_T * us, us))])
+    ev = (f"mean |Δmean|/sd {mad:.3g} against {DEEP_RELU_T:g} × {um:.3g}; |log sd ratio| {ls:.3g} "
+          f"(ratio {sd_ratio:.3g}) against {DEEP_RELU_T:g} × {us:.3g}")
+    return ok, margin, ev
+
+
+def deep_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
+    """Verdicts of the deep-ReLU chapter (Figure 3).
+
+    ``reference``: the NUTS reference is converged when its largest predictive R-hat on the grid is below
+    ``DEEP_RELU_RHAT`` (1.1). ``agreement`` (final step) and ``along`` (every recorded step): the paper's
+    claim that the particles "reasonably approximate" the MCMC result, judged two-sided against the
+    reference's own noise (``experiments.deep_relu.reference_noise``: half the chains against the other
+    half): the mean difference ``mean |Δmean|/sd`` must be at most ``DEEP_RELU_T`` (2) times the
+    half-vs-half value, and ``|log sd ratio|`` (too wide and too narrow alike) at most 2 times the
+    half-vs-half root mean square. Margins are in those noise units. With a reference that is not converged
+    no agreement can be judged: both are "inconclusive" (the evidence says what the rule alone gives).
+    """
+    converged = s["rhat_max"] < DEEP_RELU_RHAT
+    ref = "converged" if converged else f"NOT converged (max R-hat above {DEEP_RELU_RHAT:g})"
+    out = {"reference": Verdict(ref, f"largest predictive R-hat {s['rhat_max']:.3f} (limit {DEEP_RELU_RHAT:g})")}
+    ok, margin, ev = _deep_relu_agrees(s["mean_abs_diff_mean"], s["sd_ratio_median"], s)
+    rule = "agrees" if ok else "differs"
+    if converged:
+        out["agreement"] = Verdict("reproduced" if ok else "NOT reproduced", ev, margin)
+    else:
+        out["agreement"] = Verdict("inconclusive (reference not converged)",
+                                   f"the rule alone: {rule} ({ev})")
+    if "agreement_steps" in s:
+        steps = s["agreement_steps"]
+        res = [_deep_relu_agrees(m, r, s) for m, r in
+               zip(s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"], strict=True)]
+        agree_at = [t for t, (o, _, _) in zip(steps, res, strict=True) if o]
+        if not agree_at:
+            text = "agrees at no recorded step"
+        elif len(agree_at) == len(steps):
+            text = "agrees at every recorded step"
+        else:
+            text = f"agrees at {len(agree_at)} of {len(steps)} recorded steps"
+        margins = [m for _, m, _ in res]
+        margin = None if any(m is None for m in margins) else min(margins)
+        ev = (f"agrees at steps {', '.join(map(str, agree_at)) or 'none'} of {steps[0]}-{steps[-1]} "
+              f"(every {steps[1] - steps[0] if len(steps) > 1 else 0})")
+        out["along"] = (Verdict(text, ev, margin) if converged else
+                        Verdict("inconclusive (reference not converged)", f"the rule alone: {text}; {ev}"))
+    return out
+
+
+def deep_relu_along(s: dict[str, Any]) -> pd.DataFrame:
+    """The ensemble against the reference at every recorded optimisation step: the two statistics of the
+    rule (``deep_relu_verdicts``) in the reference's half-vs-half noise units, and what the rule says."""
+    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    rows = []
+    for t, m, r in zip(s["agreement_steps"], s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"],
+                       strict=True):
+        ok, _, _ = _deep_relu_agrees(m, r, s)
+        rows.append({"step": t, "mean |Δmean| / sd": m, "in noise units": m / um, "median sd ratio": r,
+                     "|log sd ratio| in noise units": abs(np.log(r)) / us,
+                     "rule": "agrees" if ok else "differs"})
+    return pd.DataFrame(rows).set_index("step")
+
+
+# The NUTS reference's diagnostics and noise scale, the paper's MH acceptance: (label, summary key).
+_DEEP_RELU_REFERENCE = (
+    ("NUTS predictive R-hat, max over x", "nuts_rhat_max"), ("NUTS predictive R-hat, mean", "nuts_rhat_mean"),
+    ("NUTS bulk ESS, min over x", "nuts_ess_min"), ("NUTS divergent transitions", "nuts_divergences"),
+    ("NUTS leapfrog steps per draw", "nuts_mean_num_steps"), ("NUTS mean acceptance", "nuts_accept_rate"),
+    ("NUTS draws", "nuts_draws_total"),
+    ("NUTS half vs half: mean |Δmean| / sd", "reference_split_mean_abs_diff_mean"),
+    ("NUTS half vs half: median sd ratio", "reference_split_sd_ratio_median"),
+    ("NUTS half vs half: band coverage", "reference_split_band_coverage"),
+    ("noise unit: mean |Δmean| / sd, mean over half splits", "reference_noise_mad"),
+    ("noise unit: |log sd ratio|, rms over half splits", "reference_noise_log_sd"),
+    ("half splits of the chains", "reference_noise_partitions"),
+    ("paper's MH, faithful prior: acceptance", "mh_faithful_accept_rate"),
+    ("paper's MH, deviation prior: acceptance", "mh_deviation_accept_rate"),
+)
+
+
+def deep_relu_reference(s: dict[str, Any]) -> pd.DataFrame:
+    """The deep-ReLU chapter's reference, by readable label: NUTS's convergence diagnostics, its half-vs-half
+    noise (the unit of the agreement rule) and the paper's MH acceptance rates, from the run's summary ``s``
+    (NaN for a quantity the run did not compute)."""
+    return pd.DataFrame(
+        {"value": [float(s.get(key, float("nan"))) for _, key in _DEEP_RELU_REFERENCE]},
+        index=pd.Index([label for label, _ in _DEEP_RELU_REFERENCE], name="quantity"),
+    )
+
+
+def theory_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
+    """Verdicts of the theory chapter.
+
+    ``lemma1``: the lemma claims an identity for every theta, so one decisive Monte-Carlo rejection
+    (|z| > 5) refutes it; the corrected identity must pass every check (|z| < 4). ``linear_rate``: the
+    particles' score-based estimate matches the exact KL rate at every recorded step (|z| < 4).
+    ``theorem1_linear``: Theorem 1's expression with each particle's own perturbation is the KL rate only if
+    it matches the exact rate at every recorded step (|z| < 4); it is refuted if some step has |z| > 5.
+    ``theorem2``: the theorem's proof combines Theorem 1 with Lemma 1, so it stands or falls with the lemma's
+    verdict; its conclusion (the KL never rises for linear and ReLU models) is judged separately where an
+    exact rate exists -- the linear model's closed form, which must be <= 0 at every recorded step (no
+    Monte-Carlo error) -- and is "NOT established" for ReLU networks, where no exact KL exists and what
+    remains of the theorem (the corrected condition, for the flow averaged over perturbations) is not a
+    statement about Algorithm 1. Margins are in z units.
+    """
+    zp, zc = s["lemma1_z_paper_abs_max"], s["lemma1_z_corrected_abs_max"]
+    lem, lem_margin = _all_pass([(zp > 5, _dist(zp, 5, 1.0)), (zc < 4, _dist(zc, 4, 1.0))])
+    lin = s["linear"]
+    z1 = lin["theorem1_max_z_vs_exact_kl_rate"]
+    t1 = "is NOT the KL rate along Algorithm 1" if z1 > 5 else ("matches the KL rate" if z1 < 4 else "not settled")
+    zr = lin["max_z_vs_exact_kl_rate"]
+    falls = lin["frac_steps_kl_decreasing_exact"]
+    if lem:
+        t2 = ("its proof does NOT hold (it uses Lemma 1's sign); the conclusion holds for the linear model "
+              + ("(exact KL rate)" if falls == 1.0 else "only at some steps (exact KL rate)")
+              + " and is NOT established for ReLU networks")
+    else:
+        t2 = "not settled"
+    shares = ", ".join(f"{s[k]['frac_steps_theorem2_corrected_holds']:.0%} ({k})" for k in ("relu", "tanh") if k in s)
+    t2_ev = (f"Lemma 1 as printed: largest |z| {zp:.3g}; linear model: exact KL rate <= 0 at {falls:.0%} of recorded "
+             "steps" + (f"; the corrected condition holds at {shares} of recorded steps" if shares else ""))
+    return {
+        "lemma1": Verdict("sign error confirmed; the corrected identity holds" if lem else "not settled",
+                          f"largest |z| of the printed identity {zp:.3g} (refuted above 5), of the corrected one "
+                          f"{zc:.2f} (holds below 4)", lem_margin),
+        "linear_rate": Verdict("matches the exact rate" if zr < 4 else "does NOT match",
+                               f"largest |z| against the exact rate {zr:.2f} (limit 4)", _dist(zr, 4, 1.0)),
+        "theorem1_linear": Verdict(t1, f"largest |z| against the exact rate {z1:.3g} (refuted above 5, matches "
+                                   "below 4)", min(_dist(z1, 5, 1.0), _dist(z1, 4, 1.0))),
+        "theorem2": Verdict(t2, t2_ev, lem_margin),
+    }
+
+
+# The paper's method columns (Tables 1-3) as (method, hidden layers) -> label.
+_UCI_LABELS = {
+    ("ensemble", 1): "Ensemble 1-layer", ("ensemble", 4): "Ensemble 4-layer", ("mcd", 1): "MCD 1-layer",
+    ("mcd", 4): "MCD 4-layer", ("sghmc", 1): "SGHMC 1-layer", ("gp", 0): "GP",
+}
+# Table 1 of the paper shows these four columns; Tables 2-3 show all six.
+UCI_TABLE1 = (("ensemble", 1), ("ensemble", 4), ("mcd", 4), ("sghmc", 1))
+UCI_TABLES23 = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
+# Methods whose issue has not landed yet: shown as "pending", never as a number.
+UCI_PENDING: tuple[str, ...] = ()
+
+
+def bench_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """``bench.json`` as a table: one row per model x dataset shape x k; rates are medians over the timed
+    repeats with [min, max]."""
+    out = []
+    for r in doc["rows"]:
+        s = r["particle_steps_per_s_spread"]
+        torch_x = r.get("speedup_vs_torch_loop")
+        out.append({
+            "model": r["model"], "dataset (n)": f"{r['dataset']} ({r['n']})", "k": r["k"],
+            "particle-steps/s [min, max]": f"{r['particle_steps_per_s']:.3g} [{s['min']:.3g}, {s['max']:.3g}]",
+            "GFLOP/s": round(r["flops_per_s"] / 1e9, 2),
+            "x JAX loop": round(r["speedup_vs_jax_loop"], 2),
+            "x PyTorch loop": "—" if torch_x is None else round(torch_x, 2),
+            "roofline (bound)": f"{r['roofline_fraction']:.0%} ({r['roofline_bound']})",
+        })
+    return pd.DataFrame(out).set_index(["model", "dataset (n)", "k"])
+
+
+def bench_verdicts(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
+    """The issue's targets against the measured documents (by label).
+
+    ``cpu``: at k = 200 on a CPU, at least 30x the particle-steps/s of the loop of single-particle trainings.
+    ``gpu``: on a GPU, the 4-layer network of Protein's shape at >= 50% of its roofline (largest k measured).
+    A target without a document of its device says "not measured".
+    """
+    cpu = [(lab, r) for lab, d in docs.items() if d["device"].get("platform") == "cpu"
+           for r in d["rows"] if r["k"] == 200]
+    gpu = [(lab, r) for lab, d in docs.items() if d["device"].get("platform") == "gpu"
+           for r in d["rows"] if r["model"].startswith("mlp-4x") and r["dataset"] == "protein"]
+    out = {}
+    if cpu:
+        x = np.array([r["speedup_vs_jax_loop"] for _, r in cpu])
+        met = int((x >= 30).sum())
+        out["cpu"] = Text(
+            f"{'met' if met == len(x) else 'not met'}: at k = 200 on CPU the ensemble runs at "
+            f"{x.min():.2g}x to {x.max():.2g}x (median {np.median(x):.2g}x) the loop of single-particle "
+            f"trainings, target 30x ({met} of {len(x)} rows reach it)"
+        )
+    else:
+        out["cpu"] = Text("not measured: no CPU benchmark with k = 200")
+    if gpu:
+        best = {}
+        for lab, r in gpu:
+            if lab not in best or r["k"] > best[lab]["k"]:
+                best[lab] = r
+        parts = [f"{lab}: {r['roofline_fraction']:.0%} of its roofline at k = {r['k']}" for lab, r in best.items()]
+        ok = all(r["roofline_fraction"] >= 0.5 for r in best.values())
+        out["gpu"] = Text(f"{'met' if ok else 'not met'} (target 50%): " + "; ".join(parts))
+    else:
+        out["gpu"] = Text("not measured: no GPU benchmark record (results/paper/bench/) yet")
+    return out
+
+
+def _sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits, positional (0.00123, 3.04, 1230)."""
+    if not np.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    rounded = float(f"{float(x):.{digits - 1}e}")
+    decimals = max(digits - 1 - int(np.floor(np.log10(abs(rounded)))), 0)
+    return f"{rounded:.{decimals}f}"
+
+
+def _pm(mean: float, std: float) -> str:
+    if not np.isfinite(mean):
+        return "diverged"
+    return f"{mean:.3g} ± {std:.2g}" if abs(mean) >= 100 else f"{mean:.2f} ± {std:.2f}"
+
+
+def _ours(r: Mapping[str, Any]) -> str:
+    """Our entry of a summary row: mean ± SE (SD, splits), 3 significant digits for the mean, 2 for SE and SD."""
+    if not np.isfinite(r["mean"]):
+        return f"diverged ({r['n_splits']})"
+    if not np.isfinite(r.get("se", float("nan"))):
+        return f"{_sig(r['mean'])} ({r['n_splits']})"
+    return f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} (SD {_sig(r['sd'], 2)}, {r['n_splits']})"
+
+
+def uci_table(
+    summary: dict[str, Any], metric: str, columns: tuple[tuple[str, int], ...] = UCI_TABLES23
+) -> pd.DataFrame:
+    """One of the paper's UCI tables for ``metric`` (``rmse``, ``mnll`` or ``coverage95``), ours beside theirs.
+
+    One row per dataset (with its size n) and method column of the paper (``columns``, in that order), so that
+    the table stays three entries wide whatever the number of methods: ``ours`` (mean ± SE over the splits
+    run, with the SD over splits and their number: ``3.04 ± 0.21 (SD 0.67, 10)``; 3 significant digits),
+    ``paper`` (the published mean ± its SE, with the published SD and the paper's number of splits: a
+    reference, nothing computed but the SE) and ``verdict`` (of
+    :func:`bootens_core.repro.experiments.uci.compare_with_paper`, with its two-sided p-value). A method whose issue
+    has not landed shows "pending"; one not run in this profile shows "not run".
+    """
+    rows = {(r["dataset"], r["method"], int(r["hidden_layers"])): r for r in summary["rows"] if r["metric"] == metric}
+    from ..data.uci import PAPER_SPLITS
+    from .experiments.uci import paper_reference
+
+    ref = paper_reference()
+    datasets = list(dict.fromkeys(summary["datasets"]))
+    index, ours, paper, verdict = [], [], [], []
+    for d in datasets:
+        for meth, layers in columns:
+            index.append((f"{d} (n={uci_size(d)})", _UCI_LABELS[(meth, layers)]))
+            r = rows.get((d, meth, layers))
+            p = ref.get((d, meth, layers, metric))
+            if p:
+                n_p = PAPER_SPLITS[d]
+                paper.append(f"{p[0]:.2f} ± {_sig(max(p[1], 0.005) / np.sqrt(n_p), 2)} (SD {p[1]:.2f}, {n_p})")
+            else:
+                paper.append("—")
+            if r is not None:
+                ours.append(_ours(r))
+                v = r["verdict"]
+                if np.isfinite(r.get("p", float("nan"))):
+                    v += f" (p {r['p']:.3g})"
+                verdict.append(v + (f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""))
+            else:
+                ours.append("pending" if meth in UCI_PENDING else "not run")
+                verdict.append("")
+    return pd.DataFrame(
+        {"ours": ours, "paper": paper, "verdict": verdict},
+        index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]),
+    )
+
+
+@functools.cache
+def uci_size(dataset: str) -> int:
+    """The number of rows of a UCI dataset, as the paper's tables give it."""
+    text = resources.files("bootens_core.data").joinpath("paper_uci_tables.csv").read_text()
+    sizes = {r["dataset"]: int(r["size"]) for r in csv.DictReader(io.StringIO(text))}
+    if dataset not in sizes:
+        raise KeyError(f"unknown UCI dataset {dataset!r}: known are {', '.join(sorted(sizes))}")
+    return sizes[dataset]
+
+
+def uci_verdicts(summary: dict[str, Any]) -> dict[str, Text]:
+    """Counts of the comparison with the paper's Tables 2-3 (RMSE and MNLL cells; coverage is ours only).
+
+    A cell *agrees* when the two-sided Welch-type t-test of our mean over splits against the paper's (SE from
+    the SD over splits on both sides; :func:`bootens_core.repro.experiments.uci.compare_with_paper`) gives
+    p >= 5%; else it is *better* (lower) or *worse*. With many cells some differ by chance at 5% each;
+    ``counts`` also gives how many differ at a family-wise 5% over the cells of the summary (Holm).
+    ``computed`` says only what no rounding can change (cells compared and failed); ``differ_holm`` names the
+    cells that differ at the family-wise level, with the side of the paper's mean they fall on ("none").
+    """
+    rows = [r for r in summary["rows"] if r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
+    names = ("agrees", "better", "worse", "failed", "too few splits")
+    count = {v: sum(r["verdict"] == v for r in rows) for v in names}
+    n = len(rows)
+    div = summary.get("diverged_particles_total", 0)
+    holm = summary.get("cells_differ_holm", 0)
+    level = summary.get("level", 0.05)
+    few = f", {count['too few splits']} with too few splits" if count["too few splits"] else ""
+    from .experiments.uci import holm as holm_rejects
+
+    differ = [r for r, d in zip(rows, holm_rejects([r["p"] for r in rows], level)) if d]
+    named = ", ".join(
+        f"{_UCI_LABELS[(r['method'], int(r['hidden_layers']))]} {r['dataset'].capitalize()} {r['metric'].upper()} "
+        f"({'below' if r['mean'] < r['paper_mean'] else 'above'} the paper's)" for r in differ)
+    return {
+        "differ_holm": Text(named or "none"),
+        "computed": Text(f"{n} RMSE/MNLL cells compared with the paper, {count['failed']} failed"),
+        "agree": Text(f"{count['agrees']} of {n}"),
+        "counts": Text(
+            f"{count['agrees']} of {n} RMSE/MNLL cells agree with the paper's mean (two-sided test at "
+            f"{level:.0%}), {count['better']} better, {count['worse']} worse, {count['failed']} failed{few}; "
+            f"{holm} differ at a family-wise {level:.0%} (Holm); {div} diverged particles"
+        ),
+    }
+
+
+def uci_coverage(summary: dict[str, Any]) -> pd.DataFrame:
+    """Coverage of the central 95% predictive interval on the test points (mean ± std over splits)."""
+    rows = [r for r in summary["rows"] if r["metric"] == "coverage95"]
+    out = pd.DataFrame(
+        {
+            "dataset": [r["dataset"] for r in rows],
+            "method": [_UCI_LABELS[(r["method"], int(r["hidden_layers"]))] for r in rows],
+            "coverage": [_pm(r["mean"], r["std"]) for r in rows],
+        }
+    )
+    return out.pivot(index="dataset", columns="method", values="coverage").fillna("not run")
+
+
+def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
+    """Several runs of the same cells side by side (e.g. the faithful fixed step vs the line search).
+
+    ``runs`` maps a column label to a summary; rows are the (dataset, method) pairs of the first run; entries
+    are mean ± std over splits with the number of diverged particles.
+    """
+    table: dict[str, dict[str, str]] = {}
+    for label, s in runs.items():
+        col = {}
+        for r in s["rows"]:
+            if r["metric"] != metric:
+                continue
+            name = f"{r['dataset']}, {_UCI_LABELS[(r['method'], int(r['hidden_layers']))]}"
+            div = f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""
+            col[name] = f"{_pm(r['mean'], r['std'])} ({r['n_splits']} splits{div})"
+        table[label] = col
+    names = list(next(iter(table.values()), {}))
+    return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
+                        index=pd.Index(names, dtype=object))
+
+
+def uci_lbfgs_variants(cells: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Diverged particles per split for L-BFGS variants on the same cells
+    (:func:`bootens_core.repro.experiments.uci.lbfgs_variant_cells`).
+
+    Rows: (sigma^2 in standardised label units, dataset, hidden layers); columns: the variants; entries: the
+    diverged particles of each split, in split order, and the particles per cell (``"4, 0, 1 of 200"``);
+    ``"not run"`` where a variant has no cell. Rows and columns keep the order of first appearance.
+    """
+    table: dict[tuple[str, str, int], dict[str, dict[int, tuple[int, int]]]] = {}
+    columns: list[str] = []
+    for c in cells:
+        row = (f"{float(c['noise_var_std_units']):g}", str(c["dataset"]), int(c["hidden_layers"]))
+        col = str(c["optimizer"])
+        if col not in columns:
+            columns.append(col)
+        k = int(c["n_components"]) + int(c["diverged_particles"])
+        table.setdefault(row, {}).setdefault(col, {})[int(c["split"])] = (int(c["diverged_particles"]), k)
+    def entry(splits: dict[int, tuple[int, int]] | None) -> str:
+        if not splits:
+            return "not run"
+        sizes = {k for _, k in splits.values()}
+        size = f" of {sizes.pop()}" if len(sizes) == 1 else ""
+        return ", ".join(str(splits[s][0]) for s in sorted(splits)) + size
+    rows = sorted(table, key=lambda r: (float(r[0]), r[2]))
+    index = pd.MultiIndex.from_tuples(rows, names=["σ² (standardised)", "dataset", "hidden layers"])
+    return pd.DataFrame({col: [entry(table[r].get(col)) for r in rows] for col in columns}, index=index)
+
+
+def uci_noise_selection(result: Any) -> pd.DataFrame:
+    """The likelihood variance each cell used, in standardised label units, per dataset and method.
+
+    For the methods that select it on the ``noise_grid`` (the ensembles), the median over splits and how many
+    splits chose the smallest or the largest grid value (a choice at an edge means the grid may have cut off
+    the validation optimum); for the others (the GP's marginal likelihood, MC dropout's 1/tau from Gal's own
+    grid), the median value (edges of the noise grid do not apply).
+    ``result`` is a UCI :class:`~bootens_core.repro.store.Result` (its ``cells.csv`` and ``config``).
+    """
+    cells = pd.read_csv(io.StringIO(result.files["cells.csv"]))
+    grid = result.config["noise_grid"]
+    lo, hi = min(grid), max(grid)
+    rows = []
+    for (d, m, layers), g in cells.groupby(["dataset", "method", "hidden_layers"], sort=False):
+        v = g["noise_var_std_units"].to_numpy(float)
+        fitted = (not str(g["selection"].iloc[0]).startswith("validation MNLL")) if "selection" in g else m == "gp"
+        rows.append({
+            "dataset": d,
+            "method": _UCI_LABELS[(m, int(layers))],
+            "splits": len(v),
+            "median σ² (std units)": f"{np.median(v):.2g}",
+            f"at grid min {lo:g}": "—" if fitted else int(np.sum(np.isclose(v, lo))),
+            f"at grid max {hi:g}": "—" if fitted else int(np.sum(np.isclose(v, hi))),
+        })
+    return pd.DataFrame(rows).set_index(["dataset", "method"])
+
+
+def uci_sghmc_study(study: dict[str, Any]) -> pd.DataFrame:
+    """The SGHMC step-size study (:func:`bootens_core.repro.experiments.uci.sghmc_step_study`) as a table: one row per
+    step size, test scores of the kept draws (original units), diverged restarts and the predictive R-hat
+    across restarts (mean and max over the test inputs)."""
+    rows = study["rows"]
+    return pd.DataFrame({
+        "test RMSE": [f"{r['test_rmse']:.2f}" for r in rows],
+        "test MNLL": [f"{r['test_mnll']:.2f}" for r in rows],
+        "95% coverage": [f"{r['coverage95']:.2f}" for r in rows],
+        "diverged restarts": [r["diverged_restarts"] for r in rows],
+        "predictive R-hat mean (max)": [f"{r['rhat_mean']:.2f} ({r['rhat_max']:.2f})" for r in rows],
+        "wall s": [f"{r['wall_s']:.1f}" for r in rows],
+    }, index=pd.Index([f"{r['step_size']:.3g}" for r in rows], name="step ε"))
+
+
+# What makes a cell "paper scale" beside every split being there: the settings of its method family that set
+# the amount of computation (particles, optimisation length, chain length, grid sizes) at the paper's values.
+UCI_SCALE_FIELDS: dict[str, tuple[str, ...]] = {
+    "ensemble": ("n_particles", "lbfgs_steps", "lbfgs_iters_per_step", "noise_grid", "val_fraction"),
+    "mcd": ("mcd_epochs_x", "mcd_samples"),
+    "sghmc": ("sghmc_restarts", "sghmc_draws", "sghmc_burn_in", "sghmc_thin", "noise_grid", "val_fraction"),
+    "gp": ("gp_max_iter", "n_inducing", "svgp_datasets"),
+}
+
+
+def uci_paper_scale(records: dict[str, Any]) -> tuple[pd.DataFrame, Text]:
+    """How many cells of the paper's Tables 2-3 exist at the paper's scale in the given records.
+
+    ``records``: label -> a stored UCI result (``summary`` and ``config``). A table cell (dataset x method
+    column x metric, RMSE or MNLL) exists when some record made with the paper's values of the fields
+    :data:`UCI_SCALE_FIELDS` names for that method holds every one of the dataset's splits (10, 5 on Protein).
+    Returns one row per method column (datasets complete, table cells, splits present at paper scale, and
+    which records hold them) and the overall count as text (e.g. "24 of 108 table cells").
+    """
+    from .config import UCIConfig, as_dict
+    from ..data.uci import PAPER_SPLITS
+
+    paper = as_dict(UCIConfig.paper())
+    best: dict[tuple[str, int, str], tuple[int, str]] = {}
+    for label, rec in records.items():
+        cfg = rec.config
+        for r in rec.summary["rows"]:
+            if r["metric"] != "rmse":
+                continue
+            meth, layers, d = r["method"], int(r["hidden_layers"]), r["dataset"]
+            fields = UCI_SCALE_FIELDS.get(meth, ())
+            if any(_same(cfg.get(f)) != _same(paper[f]) for f in fields):
+                continue
+            k = (meth, layers, d)
+            if int(r["n_splits"]) > best.get(k, (0, ""))[0]:
+                best[k] = (int(r["n_splits"]), label)
+    rows, total = [], 0
+    datasets = list(PAPER_SPLITS)
+    for meth, layers in UCI_TABLES23:
+        done = [d for d in datasets if best.get((meth, layers, d), (0, ""))[0] >= PAPER_SPLITS[d]]
+        splits = sum(min(best.get((meth, layers, d), (0, ""))[0], PAPER_SPLITS[d]) for d in datasets)
+        where = sorted({best[(meth, layers, d)][1] for d in datasets if (meth, layers, d) in best})
+        total += 2 * len(done)
+        rows.append({
+            "method": _UCI_LABELS[(meth, layers)],
+            f"datasets complete (of {len(datasets)})": len(done),
+            f"table cells (of {2 * len(datasets)})": 2 * len(done),
+            f"splits at paper scale (of {sum(PAPER_SPLITS.values())})": splits,
+            "complete on": ", ".join(done) if done else "—",
+            "record": ", ".join(where) if where else "—",
+        })
+    n_all = 2 * len(datasets) * len(UCI_TABLES23)
+    return pd.DataFrame(rows).set_index("method"), Text(f"{total} of {n_all} table cells")
+
+
+def _same(value: Any) -> Any:
+    """Config values compared across JSON (lists) and dataclasses (tuples)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:
+    """Numbers of the L-BFGS check on one particle (:func:`bootens_core.repro.experiments.uci.lbfgs_check`).
+
+    ``train_agree_iters``: iterations for which ``ensemble.train`` and the hand loop agree to relative ``tol``
+    (they start identical; the fixed step is not a descent method, so rounding differences of the batched
+    computation grow once the loss starts rising). ``fixed_rise_fraction``: share of fixed-step iterations
+    whose loss is above the previous one. ``loss_at_32``: the loss after the literal 32 iterations.
+    """
+    fixed, train = np.asarray(check["fixed"]), np.asarray(check["train"])
+    rel = np.abs(train - fixed) / np.abs(fixed)
+    bad = np.flatnonzero(rel > tol)
+    n32 = min(32, fixed.size - 1)
+    return {
+        "n_iters": int(fixed.size),
+        "direction_rel_err_max": float(np.max(check["direction_rel_err"])),
+        "train_agree_iters": int(bad[0]) if bad.size else int(fixed.size),
+        "fixed_rise_fraction": float(np.mean(np.diff(fixed) > 0)),
+        "loss_at_32": {k: float(np.asarray(check[k])[n32]) for k in ("fixed", "zoom", "scipy")},
+        "loss_final": dict(check["final"]),
+        "scipy_nfev": int(check["scipy_nfev"]),
+    }
+
+
+def _label(method_id: str) -> str:
+    family, _, layers = method_id.partition("-")
+    return _UCI_LABELS[(family, int(layers) if layers else 0)]
+
+
+def uci_paired(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> pd.DataFrame:
+    """Bootstrap ensembles against each baseline on the same splits
+    (:func:`bootens_core.repro.experiments.uci.paired_comparisons`): per dataset, metric, ensemble and baseline the
+    common splits, the mean over them of (ensemble − baseline) ± its SE over splits, the paired t (df) and
+    its two-sided p-value (``scipy.stats.ttest_rel``), and what the ensemble is at ``level``."""
+    from .experiments.uci import paired_comparisons
+
+    rows = []
+    for r in paired_comparisons(records, level=level):
+        ok = np.isfinite(r["se"])
+        rows.append({
+            "dataset": r["dataset"], "metric": r["metric"].upper(), "ensemble": _label(r["ensemble"]),
+            "baseline": _label(r["baseline"]),
+            "splits": r["n"] if not r["dropped"] else f"{r['n']} ({r['dropped']} failed, left out)",
+            "ensemble − baseline": (f"{_sig(r['diff'])} ± {_sig(r['se'], 2)}" if ok else
+                                    (_sig(r["diff"]) if np.isfinite(r["diff"]) else "—")),
+            "t (df)": f"{r['t']:.2f} ({r['df']})" if ok else "—",
+            "p": f"{r['p']:.3g}" if np.isfinite(r["p"]) else "—",
+            "ensemble is": r["verdict"],
+        })
+    cols = ["dataset", "metric", "ensemble", "baseline", "splits", "ensemble − baseline", "t (df)", "p",
+            "ensemble is"]
+    return pd.DataFrame(rows, columns=cols).set_index(["dataset", "metric", "ensemble", "baseline"])
+
+
+def uci_ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per dataset and metric, the methods from best to worst (:func:`bootens_core.repro.experiments.uci.ranking`):
+    on the splits all of them ran, each method's mean and its mean rank over those splits (1 = lowest error)."""
+    from .experiments.uci import ranking
+
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in ranking(records):
+        row = table.setdefault((r["dataset"], r["metric"].upper()), {"splits": r["splits"], "order": []})
+        row["order"].append(f"{_label(r['method'])} {_sig(r['mean'])} (rank {r['mean_rank']:.1f})")
+    index = pd.MultiIndex.from_tuples(list(table), names=["dataset", "metric"])
+    return pd.DataFrame({"common splits": [v["splits"] for v in table.values()],
+                         "best to worst: mean (mean rank)": [" · ".join(v["order"]) for v in table.values()]},
+                        index=index)
+
+
+def uci_claim(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> tuple[Verdict, pd.DataFrame]:
+    """The paper's comparative claim (bootstrap ensembles are competitive with MC dropout, SGHMC and the GP)
+    judged by the rule of :func:`bootens_core.repro.experiments.uci.comparative_claim`, fixed before the records
+    were looked at: on each dataset × metric, the ensemble is *competitive* unless a paired t-test at
+    ``level`` finds it significantly worse than the best baseline on the common splits; the claim holds for
+    an ensemble competitive on more than half of its pairs. Returns the verdict (``supported``, ``partly
+    supported``, ``not supported`` or ``not tested``; evidence per ensemble; margin in noise units) and the
+    table of pairs."""
+    from .experiments.uci import comparative_claim
+
+    c = comparative_claim(records, level=level)
+    rows, evidence = [], []
+    for e, v in c["ensembles"].items():
+        worse = [p for p in v["pairs"] if not p["competitive"]]
+        evidence.append(
+            f"{_label(e)}: competitive on {v['competitive']} of {len(v['pairs'])} dataset × metric pairs "
+            f"(needs {v['needed']})" + ("; significantly worse on " + ", ".join(
+                f"{p['dataset']} {p['metric'].upper()} than {_label(p['baseline'])} ({_sig(p['diff'])} ± "
+                f"{_sig(p['se'], 2)}, p {p['p']:.3g})" for p in worse) if worse else ""))
+        for p in v["pairs"]:
+            rows.append({"ensemble": _label(e), "dataset": p["dataset"], "metric": p["metric"].upper(),
+                         "best baseline": _label(p["baseline"]), "splits": p["n"],
+                         "ensemble − best": f"{_sig(p['diff'])} ± {_sig(p['se'], 2)}", "p": f"{p['p']:.3g}",
+                         "competitive": "yes" if p["competitive"] else "no (significantly worse)"})
+    text = {"supported": "supported: the ensembles are competitive on most dataset × metric pairs",
+            "partly supported": "partly supported: one ensemble is competitive on most pairs, the other not",
+            "not supported": "NOT supported: significantly worse than the best baseline on half of the pairs "
+                             "or more",
+            "not tested": "not tested: no ensemble and baseline share splits"}[c["verdict"]]
+    cols = ["ensemble", "dataset", "metric", "best baseline", "splits", "ensemble − best", "p", "competitive"]
+    table = pd.DataFrame(rows, columns=cols).set_index(["ensemble", "dataset", "metric"])
+    return Verdict(text, "; ".join(evidence) or "no pair", c["margin"]), table
+
+
+_PM_NAME = {"SE": "SE", "SD": "SD", "unstated": "± not stated"}
+
+
+def uci_published(*ours: dict[str, Any]) -> pd.DataFrame:
+    """Published results of other papers on the same standard UCI splits (not ours, not the paper's:
+    :func:`bootens_core.repro.experiments.uci.published_reference`): one row per dataset and source (a published
+    method, or one of ours), columns ``RMSE`` and ``MNLL`` (a published test log-likelihood is shown negated,
+    its ± unchanged). Each published entry carries its ± convention (``SE``, ``SD`` or ``± not stated``). With
+    ``ours`` (summaries, e.g. of the paper-scale records), our methods' mean ± SE (splits) follow each dataset's
+    published rows, labelled ``ours:``; a method of ours with no cell in any summary has no rows."""
+    from .experiments.uci import published_reference
+
+    pub = published_reference()
+    datasets = list(dict.fromkeys(r["dataset"] for r in pub))
+    got = {(r["dataset"], r["label"], r["metric"].upper()): r for r in pub}
+    sources = [(label, None) for label in dict.fromkeys(r["label"] for r in pub)]
+    mine: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    if ours:
+        mine = {(r["dataset"], r["metric"].upper(), r["method"], int(r["hidden_layers"])): r
+                for s in ours for r in s["rows"] if r["metric"] in ("rmse", "mnll")}
+        sources += [(f"ours: {_UCI_LABELS[(meth, layers)]}", (meth, layers)) for meth, layers in UCI_TABLES23
+                    if any(k[2:] == (meth, layers) for k in mine)]
+
+    def entry(d: str, label: str, method: tuple[str, int] | None, metric: str) -> str:
+        if method is None:
+            r = got.get((d, label, metric))
+            return f"{r['mean']:.2f} ± {r['pm']:.2f} ({_PM_NAME[r['pm_convention']]})" if r else "—"
+        r = mine.get((d, metric, *method))
+        if r is None:
+            return "not run"
+        return f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} ({r['n_splits']})" if np.isfinite(r.get("se", np.nan)) else _ours(r)
+
+    index = pd.MultiIndex.from_tuples([(d, label) for d in datasets for label, _ in sources], names=["dataset", "source"])
+    return pd.DataFrame(
+        {metric: [entry(d, label, method, metric) for d in datasets for label, method in sources]
+         for metric in ("RMSE", "MNLL")},
+        index=index,
+    )
+
+
+def gaussian_mnll(rmse: Any) -> Any:
+    """The mean negative log-likelihood that a Gaussian predictive centred on the predictions, with one
+    variance for every point set to the squared RMSE (the variance that minimises that MNLL), scores:
+    ``0.5 * log(2 * pi * e * rmse**2)``. An MNLL above it means the predictive variances cost more than one
+    well-chosen constant variance would; below it, that they follow the errors."""
+    r = np.asarray(rmse, dtype=float)
+    if np.any(~(r > 0)):
+        raise ValueError(f"gaussian_mnll needs positive RMSEs, got {rmse!r}")
+    out = 0.5 * np.log(2 * np.pi * np.e * r**2)
+    return float(out) if out.ndim == 0 else out
+
+
+def _excess(mnll: float, mnll_se: float, rmse: float, rmse_se: float) -> tuple[float, float]:
+    # SE of mean MNLL - gaussian_mnll(mean RMSE), the two means' errors taken as independent (MNLL and log RMSE
+    # rise together over splits, so this overstates the SE: the conservative side).
+    return mnll - gaussian_mnll(rmse), float(np.hypot(mnll_se, rmse_se / rmse))
+
+
+def _tally(t: list[int], excess: float, se: float) -> None:
+    t[0] += excess > 2 * se
+    t[1] += excess < -2 * se
+    t[2] += 1
+
+
+def uci_mnll_excess(records: Sequence[Mapping[str, Any]] = ()) -> tuple[pd.DataFrame, Text]:
+    """The MNLL of each UCI column above the Gaussian level of its own RMSE (:func:`gaussian_mnll` at the mean
+    RMSE over splits), the paper's (from its published means; "—" where its RMSE rounds to 0) and, for the
+    cells in ``records`` (per-split records, e.g. of the paper-scale records), ours, computed the same way.
+
+    Per split, a Gaussian with the split's squared RMSE as its variance scores ``gaussian_mnll`` of that RMSE,
+    and the mean of those over splits is at most the level at the mean RMSE (the log is concave), so an excess
+    clearly above 0 says the predictive variances are worse, on average, than one constant variance per split.
+    The ± is an SE: the published SD over splits over the root of the paper's number of splits (an SD printed
+    as 0.00 taken as 0.005), ours the SD over splits over the root of their number, combined as if
+    independent (conservative). The paper's RMSEs are rounded to 0.01; the rounding moves its excess by at
+    most ``0.005 / rmse`` nats, included in its ± when larger than the SE.
+
+    Returns the table (one row per dataset and method column, columns ``paper: RMSE, MNLL``, ``paper: excess``
+    and ``ours: excess``) and a sentence counting, per method column, the datasets whose excess lies more than
+    two SEs above 0, and more than two below, in the paper and in ours (a description, not a test of a claim).
+    """
+    from ..data.uci import PAPER_SPLITS
+    from .experiments.uci import paper_reference
+
+    ref = paper_reference()
+    by_cell: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for r in records:
+        by_cell.setdefault((r["dataset"], r["method"], int(r["hidden_layers"])), []).append(r)
+    datasets = list(dict.fromkeys(d for d, *_ in ref))
+    rows, index = [], []
+    count: dict[tuple[str, int], dict[str, list[int]]] = {}  # [above, below, compared]
+    for d in datasets:
+        for meth, layers in UCI_TABLES23:
+            p_rmse, p_mnll = ref.get((d, meth, layers, "rmse")), ref.get((d, meth, layers, "mnll"))
+            if p_rmse is None or p_mnll is None:
+                continue
+            n_p = PAPER_SPLITS[d]
+            tally = count.setdefault((meth, layers), {"paper": [0, 0, 0], "ours": [0, 0, 0]})
+            paper_pair = f"{p_rmse[0]:.2f}, {p_mnll[0]:.2f}"
+            if p_rmse[0] > 0.005:
+                e, se = _excess(p_mnll[0], max(p_mnll[1], 0.005) / np.sqrt(n_p), p_rmse[0],
+                                max(p_rmse[1], 0.005) / np.sqrt(n_p))
+                se = max(se, 0.005 / (p_rmse[0] - 0.005))
+                paper_e = f"{_sig(e, 2)} ± {_sig(se, 2)}"
+                _tally(tally["paper"], e, se)
+            else:
+                paper_e = "— (RMSE rounds to 0)"
+            cell = by_cell.get((d, meth, layers), [])
+            rm = np.array([float(r["test_rmse"]) for r in cell])
+            nl = np.array([float(r["test_mnll"]) for r in cell])
+            if len(cell) >= 2 and np.all(np.isfinite(rm)) and np.all(np.isfinite(nl)) and np.all(rm > 0):
+                k = len(cell)
+                e, se = _excess(nl.mean(), nl.std(ddof=1) / np.sqrt(k), rm.mean(), rm.std(ddof=1) / np.sqrt(k))
+                ours_e = f"{_sig(e, 2)} ± {_sig(se, 2)} ({k})"
+                _tally(tally["ours"], e, se)
+            elif not cell:
+                ours_e = "not run"
+            else:
+                ours_e = "— (1 split)" if len(cell) == 1 else f"— (not finite on a split of {len(cell)})"
+            index.append((d, _UCI_LABELS[(meth, layers)]))
+            rows.append({"paper: RMSE, MNLL": paper_pair, "paper: excess": paper_e, "ours: excess": ours_e})
+
+    def said(t: list[int]) -> str:
+        return f"{t[0]} above, {t[1]} below of {t[2]}" if t[2] else "not run"
+
+    text = Text("datasets whose MNLL lies more than two SEs above or below the Gaussian level of its RMSE — "
+                + "; ".join(f"{_UCI_LABELS[m]}: paper {said(t['paper'])}, ours {said(t['ours'])}"
+                            for m, t in count.items()))
+    table = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]))
+    return table, text
+
+
+def uci_published_sources() -> pd.DataFrame:
+    """Where each published column of :func:`uci_published` was read: citation, address, what its ± is (SE,
+    SD or not stated), the number of splits and the conversion applied to its numbers."""
+    from .experiments.uci import published_reference
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in published_reference():
+        groups.setdefault(r["label"], []).append(r)
+    out = []
+    for label, rs in groups.items():
+        splits = {r["dataset"]: r["n_splits"] for r in rs}
+        usual = sorted({n for d, n in splits.items() if d != "protein"})
+        text = ", ".join(map(str, usual)) + (f" (Protein {splits['protein']})" if "protein" in splits else "")
+        conv = sorted({r["conversion"] for r in rs} - {"none"})
+        out.append({"published column": label, "source": rs[0]["citation"], "address": rs[0]["url"],
+                    "±": {"SE": "SE", "SD": "SD", "unstated": "not stated"}[rs[0]["pm_convention"]],
+                    "splits": text, "conversion": "; ".join(conv) or "none"})
+    return pd.DataFrame(out).set_index("published column")
+
+
+# ------------------------------------------------------------------------------------------ classification
+
+_CLASS_METHODS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout"}
+_CLASS_METRICS = ("accuracy", "mnll", "ece")
+
+
+def _dataset_label(name: str) -> str:
+    """A dataset's name as a reader reads it (``breast_cancer`` -> ``breast cancer``)."""
+    return name.replace("_", " ")
+
+
+def classification_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
+    """Verdicts of the classification chapter.
+
+    ``reference``: NUTS is converged when the R-hat of p(y = 1 | x) is below 1.1 everywhere on the grid.
+    ``agreement``: the paper's "fairly accurate approximation of the MCMC result", read with the deep-ReLU
+    chapter's rule: the ensemble's 95% band covers at least 80% of the reference band, averaged over x.
+    No noise scale is known for these single-run statistics: margins are ``None``.
+    """
+    ref = "converged" if s["rhat_max"] < 1.1 else "NOT converged (max R-hat above 1.1)"
+    ok = s["band_coverage_vs_mcmc"] >= 0.8
+    return {"reference": Verdict(ref, f"largest R-hat of p(y = 1 | x) {s['rhat_max']:.4f} (limit 1.1)"),
+            "agreement": Verdict("reproduced" if ok else "NOT reproduced",
+                                 f"share of the reference band covered {s['band_coverage_vs_mcmc']:.3f} "
+                                 "(limit 0.8)")}
+
+
+def classification_agreement(s: dict[str, Any]) -> pd.DataFrame:
+    """Agreement with NUTS on the grid: the bootstrap and plain ensembles at the paper's alpha_eps, the
+    alpha_eps study, and NUTS against itself (half of its chains vs the other half: the noise floor)."""
+    rows = [
+        (f"Bootstrap ensemble, α_ε = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["band_mad_vs_mcmc"],
+         s["band_coverage_vs_mcmc"]),
+        (f"Plain ensemble, α_ε = {s['alpha_eps']:g}", s["plain_prob_mad_vs_mcmc"], s["plain_band_mad_vs_mcmc"],
+         s["plain_band_coverage_vs_mcmc"]),
+    ]
+    for a, v in s.get("alpha_eps_study", {}).items():
+        if float(a) != float(s["alpha_eps"]):
+            rows.append((f"Bootstrap ensemble, α_ε = {a}", v["prob_mad"], v["band_mad"], v["band_coverage"]))
+    rows.append(("NUTS vs NUTS (half the chains each)", s["reference_split_prob_mad"], s["reference_split_band_mad"],
+                 float("nan")))
+    df = pd.DataFrame(rows, columns=["distribution of classifiers", "mean |Δ mean p|", "mean |Δ band edge|",
+                                     "share of NUTS band covered"])
+    return df.set_index("distribution of classifiers").round(3)
+
+
+def classification_table(s: dict[str, Any]) -> pd.DataFrame:
+    """Real datasets: accuracy, MNLL and ECE per method, mean ± std over splits."""
+    rows = []
+    for ds, entry in s["real"].items():
+        for m, label in _CLASS_METHODS.items():
+            e = entry[m]
+            rows.append({
+                "dataset": f"{_dataset_label(ds)} ({entry['n_splits']} splits)",
+                "method": label,
+                "accuracy": f"{e['accuracy']:.3f} ± {e['accuracy_std']:.3f}",
+                "MNLL": f"{e['mnll']:.3f} ± {e['mnll_std']:.3f}",
+                "ECE": f"{e['ece']:.3f} ± {e['ece_std']:.3f}",
+            })
+    return pd.DataFrame(rows).set_index(["dataset", "method"])
+
+
+def classification_paired(result: Any, other: str = "plain", level: float = 0.95) -> pd.DataFrame:
+    """What the bootstrap buys: per dataset and metric, the mean over splits of (bootstrap − ``other``), its
+    standard error over splits (paired: same split, same test rows), and the verdict of a two-sided paired
+    t-test at ``level``: "better"/"worse" (lower MNLL/ECE, higher accuracy is better) when the mean difference
+    exceeds the t quantile times the standard error, else "no clear difference"."""
+    from scipy import stats
+
+    rows = []
+    for ds in result.summary["real"]:
+        b, o = result[f"{ds}_bootstrap_metrics"], result[f"{ds}_{other}_metrics"]
+        for j, metric in enumerate(_CLASS_METRICS):
+            d = b[:, j] - o[:, j]
+            n = d.size
+            se = d.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+            bound = stats.t.ppf(0.5 + level / 2, n - 1) * se if n > 1 else float("nan")
+            sign = 1.0 if metric == "accuracy" else -1.0
+            if np.isfinite(bound) and abs(d.mean()) > bound:
+                verdict = "better" if sign * d.mean() > 0 else "worse"
+            else:
+                verdict = "no clear difference"
+            name = _CLASS_METHODS[other]
+            rows.append({"dataset": _dataset_label(ds), "metric": metric.upper() if metric != "accuracy" else metric,
+                         f"bootstrap − {name if name.startswith('MC') else name.lower()}": round(float(d.mean()), 4),
+                         "std. error": round(float(se), 4), "splits": int(n), "bootstrap is": verdict})
+    return pd.DataFrame(rows).set_index(["dataset", "metric"])
+
+
+def classification_buys(result: Any, other: str = "plain") -> Text:
+    """One sentence per dataset: the metrics where the bootstrap is significantly better or worse than
+    ``other`` (:func:`classification_paired`), or that no difference is significant."""
+    df = classification_paired(result, other)
+    parts = []
+    for ds in result.summary["real"]:
+        sub = df.loc[_dataset_label(ds)]
+        n = int(sub["splits"].iloc[0])
+        col = [c for c in sub.columns if c.startswith("bootstrap − ")][0]
+        found = [f"{'better' if v == 'better' else 'worse'} {m} ({sub.loc[m, col]:+.3f} ± {sub.loc[m, 'std. error']:.3f})"
+                 for m, v in sub["bootstrap is"].items() if v != "no clear difference"]
+        parts.append(f"{_dataset_label(ds)} ({n} splits): " + ("; ".join(found) if found else "no significant difference"))
+    return Text(". ".join(parts) + ".")
+
+
+def profile_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """The calls of a profile (:func:`bootens_core.repro.profiling.measure`): wall, compile and compute seconds and
+    the number of XLA compilations, per stage and call."""
+    rows = [{"stage": c["stage"], "call": c["call"], "on": c["detail"], "wall s": round(c["wall_s"], 2),
+             "compile s": round(c["compile_s"], 2), "compute s": round(c["compute_s"], 2),
+             "XLA compiles": c["compiles"]} for c in doc["calls"]]
+    return pd.DataFrame(rows).set_index(["stage", "call"])
+
+
+def ci_timings_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Committed CI timing records (``results/ci/<label>.json``: ``stages`` in seconds, ``total_s``,
+    ``machine``, ``commit``, ``date``), one column per record; an empty table when there are none."""
+    if not records:
+        return pd.DataFrame()
+    cols = {}
+    for label, rec in records.items():
+        col = {f"{name} (s)": round(float(sec)) for name, sec in rec["stages"].items()}
+        col["total (s)"] = round(float(rec["total_s"]))
+        col["machine"] = rec.get("machine", "")
+        col["commit"] = str(rec.get("commit", ""))[:10]
+        col["date"] = rec.get("date", "")
+        cols[label] = col
+    return pd.DataFrame(cols)

@@ -1,0 +1,87 @@
+"""experiments.deep_relu (Figure 3): the agreement statistics against hand computations, and a tiny run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from bootens_core.repro.config import DeepReluConfig
+from bootens_core.repro.experiments import deep_relu
+
+
+def test_agreement_of_identical_sets_is_perfect():
+    f = np.random.default_rng(0).normal(size=(500, 7))
+    a = deep_relu.agreement(f, f)
+    assert a["mean_abs_diff_mean"] == 0
+    assert a["sd_ratio_median"] == 1
+    assert a["band_coverage"] == 1
+    assert a["inside_ref_band"] == pytest.approx(0.95, abs=0.01)
+
+
+def test_agreement_by_hand():
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(4000, 3))
+    q = 0.5 + 2.0 * rng.normal(size=(4000, 3))
+    a = deep_relu.agreement(q, ref)
+    assert a["mean_abs_diff_mean"] == pytest.approx(0.5, abs=0.1)
+    assert a["sd_ratio_median"] == pytest.approx(2.0, rel=0.05)
+    assert a["band_coverage"] == pytest.approx(1.0)  # the wider band contains the narrower one
+    narrow = deep_relu.agreement(ref, q)["band_coverage"]
+    assert narrow == pytest.approx(0.5, abs=0.05)  # half as wide, nearly centred
+
+
+def test_agreement_shape_errors():
+    with pytest.raises(ValueError, match="same grid"):
+        deep_relu.agreement(np.zeros((3, 4)), np.zeros((3, 5)))
+
+
+def test_reference_noise_by_hand():
+    """Four chains: the three half splits, computed one by one with agreement()."""
+    rng = np.random.default_rng(2)
+    f = rng.normal(size=(4, 30, 5)) * np.array([1.0, 1.0, 2.0, 2.0])[:, None, None]
+    got = deep_relu.reference_noise(f)
+    mads, logs = [], []
+    for a, b in (([0, 1], [2, 3]), ([0, 2], [1, 3]), ([0, 3], [1, 2])):
+        st = deep_relu.agreement(f[a].reshape(-1, 5), f[b].reshape(-1, 5))
+        mads.append(st["mean_abs_diff_mean"])
+        logs.append(np.log(st["sd_ratio_median"]))
+    assert got["partitions"] == 3
+    assert got["mad"] == pytest.approx(np.mean(mads))
+    assert got["log_sd"] == pytest.approx(np.sqrt(np.mean(np.square(logs))))
+    # Chains of one law: the half-vs-half mean difference is about its sampling noise, sqrt(2 / 60) sd
+    # times E|N(0,1)| = sqrt(2/pi).
+    same = deep_relu.reference_noise(rng.normal(size=(10, 200, 50)))
+    assert same["partitions"] == 64
+    assert same["mad"] == pytest.approx(np.sqrt(2 / 1000) * np.sqrt(2 / np.pi), rel=0.15)
+
+
+def test_reference_noise_shape_errors():
+    with pytest.raises(ValueError, match="chains >= 2"):
+        deep_relu.reference_noise(np.zeros((1, 5, 3)))
+
+
+@pytest.mark.slow
+def test_tiny_run_has_the_contract_keys():
+    cfg = dataclasses.replace(
+        DeepReluConfig.quick(), depth=2, width=8, mh_burn_in=50, mh_thin=5, mh_draws=10, mh_chains=2,
+        nuts_chains=2, nuts_warmup=50, nuts_draws=20, nuts_max_tree_depth=5, n_particles=20, steps=30,
+        stages=(0, 30), x_grid_points=15,
+    )
+    res = deep_relu.run(jax.random.key(0), cfg, use_cache=False)
+    s = res.summary
+    for k in ("rhat_max", "mean_abs_diff_mean", "sd_ratio_median", "band_coverage", "reference_noise_mad",
+              "reference_noise_log_sd"):
+        assert np.isfinite(s[k]), k
+    assert res["f_stages"].shape == (2, 20, 15)
+    assert s["agreement_steps"] == [0, 30] and len(s["mean_abs_diff_mean_along"]) == 2
+    assert res["f_nuts"].shape == (40, 15)
+    assert 0 <= s["mh_faithful_accept_rate"] <= 1
+    from bootens_core.repro import plots
+    from tests.repro.test_plots import render
+
+    for fig in (plots.deep_relu_stages(res), plots.deep_relu_agreement(res), plots.deep_relu_faithful(res),
+                plots.deep_relu_along(res)):
+        assert render(fig).startswith(b"\x89PNG")

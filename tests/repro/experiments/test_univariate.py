@@ -1,0 +1,89 @@
+"""experiments.univariate (Figure 1): determinism, and the particles at each stage against their exact law."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from bootens_core.repro.config import UnivariateConfig
+from bootens_core.repro.experiments import univariate
+
+CFG = UnivariateConfig.quick()
+
+
+@pytest.fixture(scope="module")
+def result():
+    return univariate.run(jax.random.key(CFG.seed), CFG, use_cache=False)
+
+
+def _assert_identical(a, b):
+    assert a.summary == b.summary
+    assert set(a.arrays) == set(b.arrays)
+    for k in a.arrays:
+        np.testing.assert_array_equal(a.arrays[k], b.arrays[k], err_msg=k)
+
+
+def test_same_key_same_result(result):
+    again = univariate.run(jax.random.key(CFG.seed), CFG, use_cache=False)
+    _assert_identical(result, again)
+
+
+def test_other_seed_other_particles(result):
+    cfg = dataclasses.replace(CFG, seed=CFG.seed + 1)
+    other = univariate.run(jax.random.key(cfg.seed), cfg, use_cache=False)
+    assert not np.allclose(other["particles"], result["particles"])
+    assert not np.allclose(other["x"], result["x"])
+
+
+def test_cached_run_equals_fresh_run(result):
+    first = univariate.run(jax.random.key(CFG.seed), CFG)  # computes and stores (fresh test cache)
+    second = univariate.run(jax.random.key(CFG.seed), CFG)  # loads
+    _assert_identical(result, first)
+    _assert_identical(result, second)
+
+
+def test_arrays_and_stages(result):
+    stages = result["stages"]
+    np.testing.assert_array_equal(stages, CFG.stages)
+    assert result["particles"].shape == (len(stages), CFG.n_particles)
+    assert result["loss"].shape == (CFG.steps, CFG.n_particles)
+    assert result["x"].shape == result["y"].shape == (CFG.n_data,)
+
+
+def test_posterior_is_the_closed_form(result):
+    """Conjugate one-weight model: precision sum(x^2)/sigma^2 + 1/alpha^2, mean sum(x y)/sigma^2 over the
+    precision."""
+    x, y = result["x"], result["y"]
+    prec = np.sum(x**2) / CFG.noise_var + 1 / CFG.prior_var
+    np.testing.assert_allclose(
+        result["posterior"], [np.sum(x * y) / CFG.noise_var / prec, prec**-0.5], rtol=1e-12
+    )
+    s = result.summary
+    assert s["contraction_per_step"] == pytest.approx(abs(1 - CFG.step_size * prec), rel=1e-12)
+
+
+def test_particles_follow_their_exact_law_at_every_stage(result):
+    """At each stage the k particles are iid from N(law_mean, law_sd^2) (gradient ascent keeps the population
+    Gaussian): the sample mean within 5 law_sd/sqrt(k), the sample sd within 5 law_sd/sqrt(2(k-1))."""
+    k = CFG.n_particles
+    for i, t in enumerate(result["stages"]):
+        p = result["particles"][i]
+        m, sd = result["law_mean"][i], result["law_sd"][i]
+        assert abs(p.mean() - m) < 5 * sd / np.sqrt(k), t
+        assert abs(p.std(ddof=1) - sd) < 5 * sd / np.sqrt(2 * (k - 1)), t
+    # Stage 0 is the prior; the last stage is the posterior.
+    assert result["law_sd"][0] == pytest.approx(np.sqrt(CFG.prior_var))
+    np.testing.assert_allclose(
+        [result["law_mean"][-1], result["law_sd"][-1]], result["posterior"], rtol=1e-10
+    )
+
+
+def test_summary_is_consistent_with_the_arrays(result):
+    s, final = result.summary, result["particles"][-1]
+    mean_p, sd_p = result["posterior"]
+    assert s["mean_error_sd"] == pytest.approx(abs(final.mean() - mean_p) / sd_p, rel=1e-12)
+    assert s["sd_ratio"] == pytest.approx(final.std(ddof=1) / sd_p, rel=1e-12)
+    assert 0 <= s["ks_pvalue"] <= 1

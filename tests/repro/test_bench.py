@@ -1,0 +1,227 @@
+"""The particle-throughput benchmark: FLOP and byte counts, the roofline, the baselines' particles, bench.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bootens_core.repro import bench, cli
+from bootens_core import perturb
+
+
+def test_step_flops_hand_count():
+    # 2 -> 3 -> 1 on n = 4 rows. Forward: 2*4*2*3 = 48 and 2*4*3*1 = 24. Backward: the same two weight
+    # gradients (72) and the input gradient of the second layer only (24): the inputs are data.
+    f = bench.step_flops((2, 3, 1), 4)
+    assert f == {"forward": 72, "backward": 96, "total": 168}
+
+
+def test_step_bytes_and_intensity_hand_count():
+    # Layer 1 (4x2 @ 2x3): 8 + 6 + 12 = 26 elements per product, 2 products (forward, weight gradient).
+    # Layer 2 (4x3 @ 3x1): 12 + 3 + 4 = 19 elements per product, 3 products. 109 float32 = 436 bytes.
+    assert bench.step_bytes((2, 3, 1), 4) == 436
+    assert bench.step_bytes((2, 3, 1), 4, itemsize=8) == 872
+    assert bench.arithmetic_intensity((2, 3, 1), 4) == pytest.approx(168 / 436)
+
+
+def test_step_flops_agrees_with_xla_cost_analysis():
+    """XLA's own count of the compiled gradient (matmuls plus elementwise work) is a little above ours."""
+    p = bench.setup(jax.random.key(0), 5, 256, 2, 1, width=64)
+    one = jax.tree.map(lambda a: a[0], (p["state"].params, p["pert"]))
+
+    def loss(params, pert):
+        return -perturb.perturbed_log_joint(p["model"], params, p["x"], pert, p["noise_var"])
+
+    cost = jax.jit(jax.grad(loss)).lower(*one).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    ours = bench.step_flops(p["widths"], 256)["total"]
+    assert 1.0 <= cost["flops"] / ours <= 1.15
+
+
+def test_widths_and_bad_input():
+    assert bench.widths(13, 4) == (13, 50, 50, 50, 50, 1)
+    with pytest.raises(ValueError, match="in_dim"):
+        bench.widths(0, 1)
+    with pytest.raises(ValueError, match="two positive"):
+        bench.step_flops((3,), 10)
+
+
+def test_roofline_is_the_lesser_bound():
+    assert bench.roofline(1e12, 1e11, 2.0) == 2e11  # memory bound: 1e11 B/s x 2 FLOP/B
+    assert bench.roofline(1e12, 1e11, 50.0) == 1e12  # compute bound
+    with pytest.raises(ValueError, match="positive"):
+        bench.roofline(1e12, 0.0, 2.0)
+
+
+def test_spread():
+    s = bench.spread([3.0, 1.0, 2.0, 4.0])
+    assert s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0 and s["q25"] == 1.75 and s["q75"] == 3.25
+
+
+def test_jax_loop_and_vmapped_training_give_the_same_particles():
+    p = bench.setup(jax.random.key(3), 3, 16, 2, 4, width=8, learning_rate=1e-2)
+    together = bench.vmapped_train(p, 7)
+    alone = bench.jax_loop_train(p, 7)
+    assert len(alone) == 4
+    moved = False
+    for i, st in enumerate(alone):
+        for a, b, s0 in zip(jax.tree.leaves(together.params), jax.tree.leaves(st.params),
+                            jax.tree.leaves(p["state"].params), strict=True):
+            assert a.dtype == jnp.float32
+            np.testing.assert_allclose(np.asarray(b)[0], np.asarray(a)[i], rtol=1e-5, atol=1e-6)
+            moved |= not np.allclose(np.asarray(a)[i], np.asarray(s0)[i])
+    assert moved  # the particles did train
+    assert int(together.step) == 7
+
+
+def test_torch_loop_gives_the_same_particles():
+    pytest.importorskip("torch")
+    p = bench.setup(jax.random.key(3), 3, 16, 2, 3, width=8, learning_rate=1e-2)
+    ref = bench.jax_loop_train(p, 7)
+    got = bench.torch_loop_train(p, 7)
+    for i, st in enumerate(ref):
+        for a, b in zip(jax.tree.leaves(st.params), got[i], strict=True):
+            np.testing.assert_allclose(b, np.asarray(a)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_bad_config_is_named():
+    cfg = bench.Config.quick()
+    import dataclasses
+
+    with pytest.raises(ValueError, match="unknown bench dataset"):
+        bench.measure(jax.random.key(0), dataclasses.replace(cfg, datasets=("mnist",)))
+    with pytest.raises(ValueError, match="particle counts"):
+        bench.measure(jax.random.key(0), dataclasses.replace(cfg, ks=(0,)))
+
+
+@pytest.mark.skipif(not os.environ.get("BOOTENS_DATA_DIR"), reason="needs the UCI files (BOOTENS_DATA_DIR)")
+def test_shapes_are_those_of_the_uci_splits():
+    from bootens_core.data import uci
+
+    for name, (d, n) in bench.SHAPES.items():
+        assert uci.load(name, 0).x_train.shape == (n, d)
+
+
+def test_cli_writes_the_bench_json_contract(tmp_path: Path, capsys):
+    code = cli.main(["bench", "--k", "1", "4", "--models", "1", "--datasets", "boston", "--steps", "3",
+                     "--repeats", "2", "--max-rows", "64", "--loop-particles", "2", "--quiet", "--out",
+                     str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["device"]["platform"] == jax.devices()[0].platform
+    assert doc["versions"]["jax"] == jax.__version__ and "torch" in doc["versions"]
+    assert [(r["model"], r["dataset"], r["k"]) for r in doc["rows"]] == [("mlp-1x50", "boston", 1),
+                                                                          ("mlp-1x50", "boston", 4)]
+    for r in doc["rows"]:
+        assert set(bench.ROW_KEYS) <= set(r)
+        for key in ("particle_steps_per_s", "flops_per_s", "speedup_vs_jax_loop", "roofline_fraction"):
+            assert math.isfinite(r[key]) and r[key] > 0
+        assert r["flops_per_s"] == pytest.approx(r["particle_steps_per_s"] * bench.step_flops((13, 50, 1), 64)["total"])
+        assert r["roofline_flops_per_s"] == pytest.approx(bench.roofline(
+            doc["peak"]["matmul_flops_per_s"], doc["peak"]["bandwidth_bytes_per_s"], r["arithmetic_intensity"]))
+        assert r["roofline_fraction"] == pytest.approx(r["flops_per_s"] / r["roofline_flops_per_s"])
+        assert r["particle_steps_per_s_spread"]["min"] <= r["particle_steps_per_s"] <= r["particle_steps_per_s_spread"]["max"]
+        if doc["versions"]["torch"] is None:
+            assert r["speedup_vs_torch_loop"] is None
+
+
+def test_cli_bench_bad_dataset(tmp_path: Path, capsys):
+    assert cli.main(["bench", "--datasets", "mnist", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "unknown bench dataset" in capsys.readouterr().err
+
+
+def _doc(platform: str, rows: list[dict]) -> dict:
+    return {"device": {"platform": platform, "kind": platform, "cpu_model": "test cpu"}, "rows": rows}
+
+
+def _row(model: str, dataset: str, k: int, speedup: float, roof: float) -> dict:
+    rate = 100.0 * k
+    return {"model": model, "dataset": dataset, "k": k, "n": 64, "hidden_layers": int(model[4]),
+            "particle_steps_per_s": rate, "particle_steps_per_s_spread": {"min": 0.9 * rate, "max": 1.1 * rate},
+            "flops_per_s": 2e9, "speedup_vs_jax_loop": speedup, "speedup_vs_torch_loop": None,
+            "roofline_fraction": roof, "roofline_bound": "memory"}
+
+
+def test_verdicts_against_the_targets():
+    from bootens_core.repro import report
+
+    cpu = _doc("cpu", [_row("mlp-1x50", "boston", 200, 35.0, 0.5), _row("mlp-4x50", "boston", 200, 12.0, 0.5),
+                       _row("mlp-1x50", "boston", 10, 1.0, 0.5)])
+    v = report.bench_verdicts({"cpu": cpu})
+    assert str(v["cpu"]).startswith("not met") and "1 of 2 rows" in str(v["cpu"])
+    assert str(v["gpu"]).startswith("not measured")
+    gpu = _doc("gpu", [_row("mlp-4x50", "protein", 10, 5.0, 0.2), _row("mlp-4x50", "protein", 1000, 80.0, 0.6)])
+    v = report.bench_verdicts({"cpu": cpu, "h200": gpu})
+    assert str(v["gpu"]).startswith("met") and "60% of its roofline at k = 1000" in str(v["gpu"])
+    ok = _doc("cpu", [_row("mlp-1x50", "boston", 200, 31.0, 0.5)])
+    assert str(report.bench_verdicts({"cpu": ok})["cpu"]).startswith("met")
+
+
+def test_table_and_figure_of_a_document():
+    from bootens_core.repro import plots, report
+
+    doc = _doc("cpu", [_row("mlp-1x50", "boston", k, 1.0, 0.5) for k in (1, 10)]
+               + [_row("mlp-4x50", "protein", k, 1.0, 0.5) for k in (1, 10)])
+    table = report.bench_table(doc)
+    assert len(table) == 4 and table.loc[("mlp-1x50", "boston (64)", 10), "x PyTorch loop"] == "—"
+    fig = plots.bench_throughput({"this": doc, "other": doc})
+    assert len(fig.axes) == 6
+    with pytest.raises(ValueError, match="no benchmark"):
+        plots.bench_throughput({})
+
+
+def test_load_records(tmp_path: Path):
+    assert bench.load_records(tmp_path / "none") == {}
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "bench.json").write_text(json.dumps(_doc("gpu", [])))
+    assert list(bench.load_records(tmp_path)) == ["h200"]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "bench.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad/bench.json is not a bench.json"):
+        bench.load_records(tmp_path)
+
+
+def test_uci_cell_flops_hand_count():
+    # Yacht-sized: 6 inputs, 1 layer of 50; 3 validation fits on 200 rows + the final fit on 250 rows,
+    # 10 particles, 4 iterations: 10 * 4 * (3 * step(200) + step(250)).
+    ws = (6, 50, 1)
+    want = 10 * 4 * (3 * bench.step_flops(ws, 200)["total"] + bench.step_flops(ws, 250)["total"])
+    assert bench.uci_cell_flops(6, 200, 250, 1, 50, 10, 4, 3) == want
+
+
+_MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[3] / "shared" / "data" / "uci")
+
+
+@pytest.mark.skipif(not Path(_MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {_MIRROR}")
+def test_cli_bench_uci_cell(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("BOOTENS_DATA_DIR", _MIRROR)
+    # One real Yacht cell, 4 particles, 2 L-BFGS steps: the grid one value at a time and in one batch of the
+    # whole grid give the same selection and scores (float32 here: to its rounding).
+    code = cli.main(["bench", "--case", "uci-cell", "--quick", "--datasets", "yacht", "--models", "1", "--k", "4",
+                     "--steps", "2", "--grid-batches", "1", "40", "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "uci-cell.json").read_text())
+    assert doc["case"] == "uci-cell" and doc["device"]["platform"] == jax.devices()[0].platform
+    one, batch = doc["rows"]
+    assert (one["grid_batch_used"], batch["grid_batch_used"]) == (1, one["grid_size"])
+    assert one["grid_padding"] == batch["grid_padding"] == 0
+    for r in (one, batch):
+        assert r["cold_s"] >= r["warm_s"] > 0 and r["compile_s"] == pytest.approx(r["cold_s"] - r["warm_s"])
+        assert r["flops_per_s"] == pytest.approx(r["flops"] / r["warm_s"])
+        assert 0 < r["roofline_fraction"] == pytest.approx(r["flops_per_s"] / r["roofline_flops_per_s"])
+    assert batch["noise_var"] == one["noise_var"]
+    assert batch["test_rmse"] == pytest.approx(one["test_rmse"], rel=1e-4)
+
+
+def test_cli_bench_uci_cell_bad_input(tmp_path: Path, capsys):
+    assert cli.main(["bench", "--case", "uci-cell", "--datasets", "mnist", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "uci-cell datasets must be among" in capsys.readouterr().err
+    assert cli.main(["bench", "--case", "uci-cell", "--models", "2", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "hidden layers must be 1 or 4" in capsys.readouterr().err

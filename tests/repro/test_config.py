@@ -1,0 +1,114 @@
+"""bootens_core.repro.config: profile selection and JSON-ready configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from bootens_core.repro import config
+from bootens_core.repro.config import LinearConfig, UnivariateConfig, as_dict, for_profile, profile
+
+CONFIGS = [UnivariateConfig, LinearConfig]
+
+
+def test_profile_defaults_to_quick(monkeypatch):
+    monkeypatch.delenv("BOOTENS_PROFILE", raising=False)
+    assert profile() == "quick"
+
+
+@pytest.mark.parametrize("value, expected", [("quick", "quick"), ("paper", "paper"), (" Paper ", "paper")])
+def test_profile_reads_environment(monkeypatch, value, expected):
+    monkeypatch.setenv("BOOTENS_PROFILE", value)
+    assert profile() == expected
+
+
+def test_explicit_name_beats_environment(monkeypatch):
+    monkeypatch.setenv("BOOTENS_PROFILE", "paper")
+    assert profile("quick") == "quick"
+
+
+def test_unknown_profile_from_environment_is_named(monkeypatch):
+    monkeypatch.setenv("BOOTENS_PROFILE", "fullscale")
+    with pytest.raises(ValueError, match="unknown profile 'fullscale'") as info:
+        profile()
+    # The message tells the user what the valid choices are and where the value came from.
+    assert "quick" in str(info.value) and "paper" in str(info.value)
+    assert "BOOTENS_PROFILE" in str(info.value)
+
+
+def test_unknown_profile_argument_is_named():
+    with pytest.raises(ValueError, match="unknown profile 'gpu'"):
+        profile("gpu")
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+@pytest.mark.parametrize("name", config.PROFILES)
+def test_for_profile_builds_that_profile(cls, name):
+    cfg = for_profile(cls, name)
+    assert isinstance(cfg, cls)
+    assert cfg == getattr(cls, name)()
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_for_profile_follows_environment(monkeypatch, cls):
+    monkeypatch.setenv("BOOTENS_PROFILE", "paper")
+    assert for_profile(cls) == cls.paper()
+    monkeypatch.delenv("BOOTENS_PROFILE")
+    assert for_profile(cls) == cls.quick()
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_as_dict_is_json_ready(cls):
+    cfg = cls.quick()
+    d = as_dict(cfg)
+    text = json.dumps(d)  # raises if anything is not JSON-able
+    assert json.loads(text) == d  # and survives the round trip unchanged (tuples already became lists)
+    assert set(d) == {f.name for f in dataclasses.fields(cls)}
+    for f in dataclasses.fields(cls):
+        value = getattr(cfg, f.name)
+        assert d[f.name] == (list(value) if isinstance(value, tuple) else value)
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_configs_are_frozen_and_hashable(cls):
+    cfg = cls.quick()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.seed = 1  # type: ignore[misc]
+    assert hash(cfg) == hash(cls.quick())
+    assert dataclasses.replace(cfg, seed=cfg.seed + 1) != cfg
+
+
+def test_linear_config_is_the_papers_setting():
+    """Appendix 'Bayesian linear regression': D = 1024, l = 1.6, 64 points, sigma^2 = 0.1, alpha^2 = 1,
+    200 particles, Adagrad 400 steps at h = 0.01, self-distance over 20 populations."""
+    for cfg in (LinearConfig.quick(), LinearConfig.paper()):
+        assert (cfg.n_features, cfg.lengthscale, cfg.n_data) == (1024, 1.6, 64)
+        assert (cfg.noise_var, cfg.prior_var, cfg.n_particles) == (0.1, 1.0, 200)
+        assert (cfg.paper_step_size, cfg.paper_steps) == (0.01, 400)
+        assert cfg.n_selfdist_populations == 20
+        assert cfg.paper_stages[0] == 0 and cfg.paper_stages[-1] == cfg.paper_steps
+        assert cfg.stages[0] == 0 and cfg.stages[-1] == cfg.steps
+
+
+def test_univariate_config_has_the_papers_particle_count():
+    cfg = UnivariateConfig.quick()
+    assert cfg.n_particles == 200
+    assert cfg.stages[0] == 0 and cfg.stages[-1] == cfg.steps
+
+
+def test_uci_profiles_use_the_line_search_and_faithful_is_torchs_lbfgs():
+    from bootens_core.repro.config import UCIConfig
+
+    assert UCIConfig.paper().lbfgs_linesearch == "zoom" and UCIConfig.quick().lbfgs_linesearch == "zoom"
+    assert UCIConfig.paper().lbfgs_memory == 10
+    # "32 steps, step size 0.5": torch.optim.LBFGS(lr=0.5) with torch's defaults, stepped 32 times
+    f = UCIConfig.faithful()
+    assert f.lbfgs_linesearch == "torch" and f.lbfgs_step_size == 0.5 and f.lbfgs_steps == 32
+    assert f.lbfgs_iters_per_step == 20 and f.lbfgs_memory == 100  # torch's max_iter and history_size
+    assert f.n_particles == 200 and f.weight_var == f.bias_var == 1.0 and not f.scale_by_fan_in
+    # optax's fixed step: 640 iterations of optax.lbfgs(0.5, memory_size=10, linesearch=None)
+    o = UCIConfig.optax_fixed_step()
+    assert o.lbfgs_linesearch is None and o.lbfgs_memory == 10 and o.lbfgs_steps * o.lbfgs_iters_per_step == 640
+    assert dataclasses.replace(o, lbfgs_linesearch="zoom") == UCIConfig.paper()

@@ -1,0 +1,76 @@
+"""bootens_core.repro.profiling: compile counting against jit's own cache, the profile document, CI records."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bootens_core.repro import plots, profiling, report
+from bootens_core.repro.config import ProfileConfig
+
+
+def test_compile_counter_counts_one_compilation_per_new_shape_and_none_on_a_cache_hit():
+    f = jax.jit(lambda x: jnp.tanh(x) * 2.0 + 1.0)
+    a, b = jnp.ones(7), jnp.ones(9)
+    with profiling.CompileCounter() as first:
+        f(a).block_until_ready()
+    with profiling.CompileCounter() as again:
+        f(a + 1.0).block_until_ready()  # same shape: jit's cache; the eager add compiles its own tiny program
+    with profiling.CompileCounter() as other:
+        f(b).block_until_ready()
+    assert first.compiles == 1 and first.seconds > 0
+    with profiling.CompileCounter() as hit:
+        f(a).block_until_ready()
+    assert hit.compiles == 0 and hit.seconds == 0
+    assert other.compiles == 1
+    assert again.compiles <= 1  # at most the eager `a + 1.0`
+
+
+def test_counters_nest_and_timed_call_splits_the_wall_time():
+    g = jax.jit(lambda x: jnp.sin(x) @ x.T)
+    x5, x6 = jnp.ones((5, 3)), jnp.ones((6, 3))  # made outside: creating them compiles too
+    with profiling.CompileCounter() as outer:
+        row = profiling.timed_call(lambda: g(x5))
+        with profiling.CompileCounter() as inner:
+            g(x6).block_until_ready()
+    assert row["compiles"] == 1 and inner.compiles == 1
+    assert outer.compiles == row["compiles"] + inner.compiles
+    assert row["wall_s"] == pytest.approx(row["compile_s"] + row["compute_s"])
+
+
+def test_line_search_step_reports_both_rates_and_their_paired_ratio():
+    cfg = ProfileConfig(line_search_rows=40, line_search_particles=4, line_search_steps=3, repeats=3)
+    out = profiling.line_search_step(jax.random.key(0), cfg)
+    rates = out["particle_steps_per_s"]
+    assert set(rates) == {"ensemble", "vmapped"} and all(v > 0 for v in rates.values())
+    assert out["speedup_spread"]["min"] <= out["speedup"] <= out["speedup_spread"]["max"]
+    assert out["shape"]["rows"] == 40
+
+
+def test_profile_of_the_mcmc_references_has_two_calls_each_and_draws_a_figure():
+    cfg = ProfileConfig(uci_methods=(), mcmc_warmup=20, mcmc_draws=10, mh_burn_in=10, mh_thin=1,
+                        line_search_rows=40, line_search_particles=2, line_search_steps=2, repeats=1)
+    doc = profiling.measure(jax.random.key(1), cfg)
+    stages = [(c["stage"], c["call"]) for c in doc["calls"]]
+    assert stages == [("NUTS (NumPyro)", 1), ("NUTS (NumPyro)", 2), ("Metropolis-Hastings", 1),
+                      ("Metropolis-Hastings", 2)]
+    assert all(c["compiles"] > 0 for c in doc["calls"] if c["call"] == 1)
+    table = report.profile_table(doc)
+    assert list(table.columns) == ["on", "wall s", "compile s", "compute s", "XLA compiles"]
+    fig = plots.profile_calls(doc)
+    assert len(fig.axes[0].patches) == 2 * len(doc["calls"])
+
+
+def test_ci_records_load_and_bad_ones_name_the_file(tmp_path):
+    assert profiling.load_ci_records(tmp_path) == {}
+    assert report.ci_timings_table({}).empty
+    rec = {"stages": {"test-unit": 300, "book": 700}, "total_s": 1100, "machine": "x86_64, 2 cores",
+           "commit": "abc", "date": "2026-11-23"}
+    (tmp_path / "local.json").write_text(json.dumps(rec))
+    recs = profiling.load_ci_records(tmp_path)
+    assert recs == {"local": rec}
+    assert report.ci_timings_table(recs).loc["total (s)", "local"] == 1100
+    (tmp_path / "bad.json").write_text(json.dumps({"total_s": 3}))
+    with pytest.raises(ValueError, match="bad.json is not a CI timing record"):
+        profiling.load_ci_records(tmp_path)

@@ -1,0 +1,349 @@
+"""bootens_core.repro.report, UCI part: tables, counts and the L-BFGS numbers follow their rules on known inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bootens_core.repro import report
+from bootens_core.repro.config import UCIConfig
+from bootens_core.repro.experiments import uci
+
+
+def _records(values):
+    """Cell records as run_cell writes them: {(dataset, method, layers): [(rmse, mnll, coverage), ...]}."""
+    out = []
+    for (ds, meth, layers), splits in values.items():
+        for k, (rmse, mnll, cov) in enumerate(splits):
+            out.append({"dataset": ds, "method": meth, "hidden_layers": layers, "split": k, "test_rmse": rmse,
+                        "test_mnll": mnll, "coverage95": cov, "wall_s": 1.0, "diverged_particles": k})
+    return out
+
+
+@pytest.fixture
+def summary():
+    ref = uci.paper_reference()
+    p_rmse, p_std = ref[("boston", "ensemble", 1, "rmse")]
+    cfg = UCIConfig(datasets=("boston", "yacht"), methods=("ensemble-1", "gp"))
+    recs = _records({
+        # boston ensemble-1: RMSE exactly the paper's mean (agrees); MNLL far above (worse)
+        ("boston", "ensemble", 1): [(p_rmse, 50.0, 0.9), (p_rmse, 50.0, 0.96)],
+        # yacht gp: one split, so no test of the RMSE (too few splits); MNLL not finite (failed)
+        ("yacht", "gp", 0): [(1e-3, float("nan"), 0.95)],
+    })
+    return uci.summarise(recs, cfg), p_rmse, p_std
+
+
+def test_uci_table_layout_and_entries(summary):
+    s, p_rmse, p_std = summary
+    t = report.uci_table(s, "rmse", report.UCI_TABLE1)
+    # one row per dataset and method column, three entries wide
+    assert list(t.columns) == ["ours", "paper", "verdict"]
+    assert list(t.index.get_level_values(0).unique()) == ["boston (n=506)", "yacht (n=308)"]
+    assert list(t.loc["boston (n=506)"].index) == ["Ensemble 1-layer", "Ensemble 4-layer", "MCD 4-layer",
+                                                   "SGHMC 1-layer"]
+    # ours: mean ± SE (SD, splits); the paper: its mean ± SE = SD / sqrt(10) (its SD, its 10 splits)
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "ours"] == f"{p_rmse:.3g} ± 0 (SD 0, 2)"
+    se = p_std / np.sqrt(10)
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "paper"] == f"{p_rmse:.2f} ± {se:.2g} (SD {p_std:.2f}, 10)"
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"] == "agrees (p 1), 1 diverged"
+    assert t.loc[("boston (n=506)", "Ensemble 4-layer"), "ours"] == "not run"
+    assert t.loc[("yacht (n=308)", "MCD 4-layer"), "ours"] == "not run"
+    assert t.loc[("yacht (n=308)", "SGHMC 1-layer"), "ours"] == "not run"
+    full = report.uci_table(s, "mnll")
+    assert len(full) == 2 * 6
+    assert full.loc[("yacht (n=308)", "GP"), "ours"].startswith("diverged")
+    assert full.loc[("yacht (n=308)", "GP"), "verdict"] == "failed"
+    assert full.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"].startswith("worse (p ")
+    assert report.uci_table(s, "rmse").loc[("yacht (n=308)", "GP"), "verdict"] == "too few splits"
+    assert report.uci_table(s, "rmse").loc[("yacht (n=308)", "GP"), "ours"] == "0.00100 (1)"
+
+
+def test_uci_table_prints_significant_digits():
+    # Naval's RMSE is about 0.001: two decimals would print 0.00
+    recs = _records({("naval", "ensemble", 1): [(0.00123, -5.6, 0.95), (0.00131, -5.5, 0.95), (0.00119, -5.7, 0.9)]})
+    s = uci.summarise(recs, UCIConfig(datasets=("naval",), methods=("ensemble-1",)))
+    t = report.uci_table(s, "rmse")
+    row = ("naval (n=11934)", "Ensemble 1-layer")
+    # mean 0.0012433, SD (ddof 1) 6.11e-5, SE 3.53e-5 (by hand)
+    assert t.loc[row, "ours"] == "0.00124 ± 0.000035 (SD 0.000061, 3)"
+    # the paper's 0.00 ± 0.00 is taken as SD 0.005 (half its last digit): SE 0.005 / sqrt(10)
+    assert t.loc[row, "paper"] == "0.00 ± 0.0016 (SD 0.00, 10)"
+    assert t.loc[row, "verdict"].startswith("agrees")
+
+
+def test_uci_verdict_counts(summary):
+    s, *_ = summary
+    v = report.uci_verdicts(s)
+    # boston ens-1: rmse agrees, mnll worse; yacht gp: rmse too few splits, mnll failed; coverage not counted
+    assert str(v["agree"]) == "1 of 4"
+    assert str(v["counts"]) == ("1 of 4 RMSE/MNLL cells agree with the paper's mean (two-sided test at 5%), "
+                                "0 better, 1 worse, 1 failed, 1 with too few splits; 1 differ at a family-wise "
+                                "5% (Holm); 1 diverged particles")
+    # The checked form counts only what rounding cannot change: cells compared and cells that failed.
+    assert str(v["computed"]) == "4 RMSE/MNLL cells compared with the paper, 1 failed"
+    # The cell that differs at the family-wise level is named, with its side of the paper's mean.
+    assert str(v["differ_holm"]) == "Ensemble 1-layer Boston MNLL (above the paper's)"
+
+
+def test_uci_verdicts_name_the_holm_cells():
+    def row(ds, metric, mean, paper, p):
+        return {"dataset": ds, "method": "gp", "hidden_layers": 0, "metric": metric, "mean": mean,
+                "paper_mean": paper, "p": p, "verdict": "agrees" if p >= 0.05 else "better"}
+
+    # Holm over 3 p-values at 5%: 0.001 <= 0.05/3 and 0.02 <= 0.05/2 are rejected, then 0.2 > 0.05 stops.
+    s = {"rows": [row("wine", "mnll", 0.9, 1.07, 0.02), row("kin8nm", "mnll", -1.2, -0.5, 0.001),
+                  row("yacht", "rmse", 0.5, 0.49, 0.2)]}
+    assert str(report.uci_verdicts(s)["differ_holm"]) == ("GP Wine MNLL (below the paper's), "
+                                                          "GP Kin8nm MNLL (below the paper's)")
+    s["rows"][0]["p"] = 0.03  # 0.03 > 0.05/2: only Kin8nm
+    assert str(report.uci_verdicts(s)["differ_holm"]) == "GP Kin8nm MNLL (below the paper's)"
+    s["rows"][1]["p"] = 0.5
+    assert str(report.uci_verdicts(s)["differ_holm"]) == "none"
+
+
+def test_uci_coverage_pivot(summary):
+    s, *_ = summary
+    c = report.uci_coverage(s)
+    assert c.loc["boston", "Ensemble 1-layer"] == "0.93 ± 0.03"
+    assert c.loc["yacht", "GP"] == "0.95 ± 0.00"
+
+
+def test_uci_runs_side_by_side(summary):
+    s, *_ = summary
+    t = report.uci_runs({"a": s, "b": {"rows": []}}, "rmse")
+    assert list(t.columns) == ["a", "b"]
+    assert (t["b"] == "not run").all()
+    assert t.loc["boston, Ensemble 1-layer", "a"].endswith("(2 splits, 1 diverged)")
+
+
+def test_uci_size():
+    assert report.uci_size("protein") == 45730
+    with pytest.raises(KeyError, match="unknown UCI dataset 'nonesuch'"):
+        report.uci_size("nonesuch")
+
+
+def test_uci_lbfgs_summary_rules():
+    fixed = np.array([10.0, 8.0, 9.0, 7.0, 7.5, 6.0])
+    train = fixed.copy()
+    train[4:] += 1e-3
+    check = {"fixed": fixed, "train": train, "zoom": fixed - 1, "scipy": fixed - 2,
+             "direction_rel_err": np.array([0.0, 1e-16, 3e-15]), "final": {"fixed": 6.0, "zoom": 5.0, "scipy": 4.0},
+             "scipy_nfev": 9}
+    out = report.uci_lbfgs_summary(check)
+    assert out["train_agree_iters"] == 4
+    assert out["fixed_rise_fraction"] == pytest.approx(2 / 5)
+    assert out["direction_rel_err_max"] == 3e-15
+    assert out["loss_at_32"] == {"fixed": 6.0, "zoom": 5.0, "scipy": 4.0}  # shorter than 32: the last
+    assert out["n_iters"] == 6 and out["scipy_nfev"] == 9
+
+
+def test_uci_noise_selection_counts_grid_edges():
+    from bootens_core.repro.store import Result
+
+    grid = UCIConfig().noise_grid
+    csv_text = "dataset,split,method,hidden_layers,noise_var_std_units\n" + "\n".join([
+        "yacht,0,ensemble,1,0.0001", "yacht,1,ensemble,1,0.0001", "yacht,2,ensemble,1,0.001",
+        "boston,0,ensemble,1,1.0", "boston,1,ensemble,1,0.03",
+        "boston,0,gp,0,0.0000123", "boston,1,gp,0,0.5",
+    ])
+    res = Result("uci", {"noise_grid": list(grid)}, {}, {}, files={"cells.csv": csv_text})
+    t = report.uci_noise_selection(res)
+    lo, hi = f"at grid min {min(grid):g}", f"at grid max {max(grid):g}"
+    y = t.loc[("yacht", "Ensemble 1-layer")]
+    assert (y["splits"], y[lo], y[hi], y["median σ² (std units)"]) == (3, 2, 0, "0.0001")
+    b = t.loc[("boston", "Ensemble 1-layer")]
+    assert (b[lo], b[hi]) == (0, 1)
+    # the GP's noise is fitted: below the grid's minimum is no edge choice
+    g = t.loc[("boston", "GP")]
+    assert (g[lo], g[hi], g["median σ² (std units)"]) == ("—", "—", "0.25")
+
+
+def test_uci_noise_selection_uses_the_selection_column():
+    from bootens_core.repro.store import Result
+
+    csv_text = "dataset,split,method,hidden_layers,noise_var_std_units,selection\n" + "\n".join([
+        "yacht,0,ensemble,1,0.0001,validation MNLL over 9 values",
+        "yacht,0,mcd,4,0.0001,validation log-likelihood over 4 dropout rates x 3 tau (last 20%)",
+    ])
+    t = report.uci_noise_selection(Result("uci", {"noise_grid": [1e-4, 1.0]}, {}, {}, files={"cells.csv": csv_text}))
+    assert t.loc[("yacht", "Ensemble 1-layer"), "at grid min 0.0001"] == 1
+    # MC dropout's variance is 1/tau of its own grid: the noise grid's edges do not apply
+    assert t.loc[("yacht", "MCD 4-layer"), "at grid min 0.0001"] == "—"
+
+
+def test_uci_sghmc_study_table():
+    rows = [{"step_size": s, "test_rmse": r, "test_mnll": 2.0, "coverage95": 0.95, "diverged_restarts": d,
+             "rhat_mean": 1.5, "rhat_max": 2.25, "wall_s": 3.0} for s, r, d in ((1e-3, 5.27, 0), (0.0316, 2.31, 1))]
+    t = report.uci_sghmc_study({"rows": rows})
+    assert list(t.index) == ["0.001", "0.0316"]
+    assert t.loc["0.0316", "test RMSE"] == "2.31" and t.loc["0.0316", "diverged restarts"] == 1
+    assert t.loc["0.001", "predictive R-hat mean (max)"] == "1.50 (2.25)"
+
+
+def _stored(records, cfg):
+    from types import SimpleNamespace
+
+    from bootens_core.repro.config import as_dict
+
+    return SimpleNamespace(summary=uci.summarise(records, cfg), config=as_dict(cfg))
+
+
+def test_paper_scale_counts_complete_datasets_at_the_papers_settings():
+    paper = UCIConfig.paper()
+    full = _records({("yacht", "ensemble", 1): [(1.0, 1.0, 0.9)] * 10, ("boston", "ensemble", 1): [(1.0, 1.0, 0.9)] * 2,
+                     ("yacht", "gp", 0): [(1.0, 1.0, 0.9)] * 10, ("protein", "gp", 0): [(1.0, 1.0, 0.9)] * 5})
+    for r in full:
+        r["noise_var"] = 0.1
+    small = type(paper)(**{**paper.__dict__, "n_particles": 50})  # the ensemble's scale differs, GP's does not
+    recs = {"a": _stored(full, paper), "b": _stored(_records({("energy", "ensemble", 1): [(1, 1, 1)] * 10,
+                                                               ("energy", "gp", 0): [(1, 1, 1)] * 10}), small)}
+    table, count = report.uci_paper_scale(recs)
+    assert str(count) == "8 of 108 table cells"  # yacht ens-1, yacht/protein/energy GP; x RMSE and MNLL
+    row = table.loc["Ensemble 1-layer"]
+    assert row["datasets complete (of 9)"] == 1 and row["splits at paper scale (of 85)"] == 12
+    assert row["complete on"] == "yacht" and row["record"] == "a"
+    gp = table.loc["GP"]
+    assert gp["datasets complete (of 9)"] == 3 and gp["record"] == "a, b"
+    assert table.loc["Ensemble 4-layer", "table cells (of 18)"] == 0
+
+
+def test_paper_scale_of_the_committed_records():
+    # Counted independently from cells.csv: a (method, layers, dataset) is complete when all its splits are.
+    import csv
+    from pathlib import Path
+
+    from bootens_core.repro import store
+    from bootens_core.data.uci import PAPER_SPLITS
+
+    root = Path(__file__).resolve().parents[2] / "results" / "paper"
+    done = 0
+    for name in ("uci", "uci-mcd-sghmc"):
+        splits: dict[tuple[str, str, str], int] = {}
+        for r in csv.DictReader(open(root / name / "cells.csv")):
+            k = (r["method"], r["hidden_layers"], r["dataset"])
+            splits[k] = splits.get(k, 0) + 1
+        done += 2 * sum(n == PAPER_SPLITS[k[2]] for k, n in splits.items())
+    _, count = report.uci_paper_scale({n: store.load(root / n) for n in ("uci", "uci-mcd-sghmc")})
+    assert str(count) == f"{done} of 108 table cells"
+
+
+def test_lbfgs_variants_table_from_synthetic_cells():
+    from bootens_core.repro import report
+
+    def cell(opt, ds, split, div, layers=1, nv=1e-4):
+        return {"optimizer": opt, "dataset": ds, "split": split, "hidden_layers": layers,
+                "noise_var_std_units": nv, "diverged_particles": div, "n_components": 200 - div}
+
+    cells = [cell("A", "yacht", 1, 3), cell("A", "yacht", 0, 5), cell("B", "yacht", 0, 0),
+             cell("A", "boston", 0, 0, layers=4), cell("B", "energy", 0, 1, nv=1e-3)]
+    t = report.uci_lbfgs_variants(cells)
+    assert list(t.columns) == ["A", "B"]
+    assert t.loc[("0.0001", "yacht", 1), "A"] == "5, 3 of 200"  # split order, not input order
+    assert t.loc[("0.0001", "yacht", 1), "B"] == "0 of 200"
+    assert t.loc[("0.0001", "boston", 4), "B"] == "not run"
+    assert t.loc[("0.001", "energy", 1), "B"] == "1 of 200"
+    assert list(t.index.get_level_values(0)) == ["0.0001", "0.0001", "0.001"]  # by sigma^2, then layers
+
+
+def test_lbfgs_variant_cells_read_the_committed_records():
+    """The committed L-BFGS variant records: every cells.csv row comes back, labelled by its config.json."""
+    import csv
+    import json
+
+    from bootens_core.repro.experiments import uci
+
+    root = Path(__file__).resolve().parents[2] / "results" / "paper" / "uci-lbfgs"
+    cells = uci.lbfgs_variant_cells(root)
+    folders = [p for p in sorted(root.iterdir()) if (p / "cells.csv").is_file()]
+    assert len(cells) == sum(len(list(csv.DictReader((p / "cells.csv").open()))) for p in folders)
+    for p in folders:
+        c = json.loads((p / "config.json").read_text())
+        mine = [r for r in cells if r["record"] == p.name]
+        assert {r["optimizer"] for r in mine} == {uci.lbfgs_label(c["lbfgs_linesearch"], c["lbfgs_memory"])}
+    labels = {r["optimizer"] for r in cells}
+    assert "torch.optim.LBFGS, fixed step (history 100)" in labels and "optax, fixed step (memory 10)" in labels
+    with pytest.raises(ValueError, match="unknown lbfgs_linesearch 'bfgs'"):
+        uci.lbfgs_label("bfgs", 10)
+
+
+def _cells_csv(folder: Path, rows):
+    folder.mkdir(parents=True)
+    recs = []
+    for ds, split, meth, layers, rmse, mnll in rows:
+        recs.append({"dataset": ds, "split": split, "method": meth, "hidden_layers": layers, "noise_var": 0.1,
+                     "noise_var_std_units": 0.01, "test_rmse": rmse, "test_mnll": mnll, "coverage95": 0.95,
+                     "wall_s": 1.0, "diverged_particles": 0, "n_components": 200, "selection": "validation"})
+    (folder / "cells.csv").write_text(uci.cells_csv(recs))
+
+
+def test_paper_scale_summary_joins_records(tmp_path):
+    # two records on the same splits: ensembles on Yacht and Boston, MC dropout on Yacht only
+    _cells_csv(tmp_path / "a", [("yacht", k, "ensemble", 1, 1.0 + k, 2.0) for k in range(3)]
+               + [("boston", 0, "ensemble", 1, 3.0, 2.5)])
+    _cells_csv(tmp_path / "b", [("yacht", k, "mcd", 4, 0.5, 1.5) for k in range(2)])
+    s, cells = uci.paper_scale_summary(tmp_path / "a", tmp_path / "b")
+    assert len(cells) == 6
+    assert s["datasets"] == ["boston", "yacht"]  # the datasets with a cell, in the paper's order
+    by = {(r["dataset"], r["method"], r["hidden_layers"], r["metric"]): r for r in s["rows"]}
+    assert by[("yacht", "ensemble", 1, "rmse")]["mean"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    assert by[("yacht", "ensemble", 1, "rmse")]["n_splits"] == 3
+    assert by[("yacht", "mcd", 4, "mnll")]["n_splits"] == 2
+    t = report.uci_table(s, "rmse")
+    assert len(t) == 2 * 6 and t.loc[("yacht (n=308)", "GP"), "ours"] == "not run"
+    # the same cell in two records is an error naming it
+    _cells_csv(tmp_path / "c", [("yacht", 1, "ensemble", 1, 9.0, 9.0)])
+    with pytest.raises(ValueError, match=r"\('yacht', 'ensemble', 1, 1\) is in both"):
+        uci.paper_scale_summary(tmp_path / "a", tmp_path / "c")
+    with pytest.raises(ValueError, match="at least one record"):
+        uci.paper_scale_summary()
+
+
+def test_gaussian_mnll_is_the_mnll_of_a_gaussian_at_the_rmse():
+    from scipy import stats
+
+    errors = np.random.default_rng(0).standard_t(3, size=1000) * 0.7
+    rmse = float(np.sqrt(np.mean(errors**2)))
+    # A Gaussian centred on the predictions with variance rmse**2, scored on the same errors: closed form.
+    direct = -np.mean(stats.norm.logpdf(errors, scale=rmse))
+    assert report.gaussian_mnll(rmse) == pytest.approx(direct, rel=1e-12)
+    # ... and rmse**2 is the constant variance that minimises it.
+    for scale in (0.9 * rmse, 1.1 * rmse):
+        assert -np.mean(stats.norm.logpdf(errors, scale=scale)) > direct
+    np.testing.assert_allclose(report.gaussian_mnll([1.0, np.e]), [0.5 * np.log(2 * np.pi * np.e)] * 2 + np.array([0, 1]))
+    with pytest.raises(ValueError, match="positive RMSEs"):
+        report.gaussian_mnll([1.0, 0.0])
+
+
+def test_uci_mnll_excess_paper_and_ours():
+    g = report.gaussian_mnll
+    # Ours on Power's GP: splits whose MNLL is exactly their own Gaussian level, and Yacht's 1-layer ensemble 1
+    # nat above it on every split.
+    rm = np.array([3.8, 4.0, 4.1, 3.9])
+    recs = _records({("power", "gp", 0): [(r, g(r), 0.95) for r in rm],
+                     ("yacht", "ensemble", 1): [(r, g(r) + 1.0, 0.95) for r in (0.6, 0.8, 0.7)],
+                     ("wine", "gp", 0): [(0.6, 0.9, 0.95)],
+                     ("concrete", "gp", 0): [(5.0, float("nan"), 0.95), (5.1, 3.0, 0.95)]})
+    table, text = report.uci_mnll_excess(recs)
+    assert len(table) == 54
+    # The paper's GP on Power: 6.92 against the level of RMSE 3.90, its SE from the published SD 2.94 over 10 splits
+    # (the RMSE's SD 0.11 adds little).
+    e, se = 6.92 - g(3.90), np.hypot(2.94 / np.sqrt(10), 0.11 / np.sqrt(10) / 3.90)
+    got_e, got_se = (float(v) for v in table.loc[("power", "GP"), "paper: excess"].split(" ± "))
+    assert got_e == pytest.approx(e, abs=0.05) and got_se == pytest.approx(se, abs=0.005)
+    assert abs(e - 4.14) < 0.01
+    assert table.loc[("power", "GP"), "paper: RMSE, MNLL"] == "3.90, 6.92"
+    # Splits at their own level lie at or below the level of the mean RMSE (the log is concave), never above.
+    ours = table.loc[("power", "GP"), "ours: excess"]
+    want = g(rm).mean() - g(rm.mean())
+    assert want < 0 and ours.startswith(f"{want:.2g}") and ours.endswith("(4)")
+    assert table.loc[("yacht", "Ensemble 1-layer"), "ours: excess"].startswith("0.99")
+    assert table.loc[("wine", "GP"), "ours: excess"] == "— (1 split)"
+    assert table.loc[("boston", "GP"), "ours: excess"] == "not run"
+    assert table.loc[("concrete", "GP"), "ours: excess"] == "— (not finite on a split of 2)"
+    assert table.loc[("naval", "GP"), "paper: excess"] == "— (RMSE rounds to 0)"
+    assert "GP: paper 5 above, 0 below of 8, ours 0 above, 0 below of 1" in str(text)
+    assert "Ensemble 1-layer: paper" in str(text) and "ours 1 above, 0 below of 1" in str(text)
+    assert "Ensemble 4-layer: paper 2 above, 1 below of 8, ours not run" in str(text)

@@ -1,0 +1,220 @@
+"""The UCI chapter's statistics against the truth: scipy's tests and hand computations.
+
+Our means against the paper's (Welch-type t-test with the paper's SE from its SD), paired comparisons of
+methods on the same splits (scipy.stats.ttest_rel), Holm's family-wise count, the per-dataset ranking and the
+rule that judges the paper's comparative claim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bootens_core.repro import report
+from bootens_core.repro.experiments import uci
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Our mean against the paper's
+
+
+def _welch_by_hand(values, pm, psd, pn):
+    v = np.asarray(values, float)
+    n = v.size
+    se = v.std(ddof=1) / math.sqrt(n)
+    se_p = max(psd, 0.005) / math.sqrt(pn)
+    var = se**2 + se_p**2 + 0.005**2 / 3
+    df = var**2 / (se**4 / (n - 1) + se_p**4 / (pn - 1))
+    t = (v.mean() - pm) / math.sqrt(var)
+    return t, df, 2 * stats.t.sf(abs(t), df)
+
+
+@pytest.mark.parametrize(
+    ("values", "pm", "psd", "pn"),
+    [
+        ([3.1, 3.4, 2.9, 3.6, 3.0, 3.3, 2.8, 3.5, 3.2, 3.05], 3.17, 0.65, 10),
+        ([0.21, 0.25, 0.19, 0.27, 0.24], 3.82, 4.44, 10),  # Yacht SGHMC MNLL: the old ±1 std band passed this
+        ([0.0011, 0.0013, 0.0012, 0.0010], 0.00, 0.00, 10),  # Naval: the paper prints 0.00 ± 0.00
+        ([1.90, 1.88, 1.91], 1.89, 0.03, 5),  # Protein: 5 splits in the paper
+    ],
+)
+def test_compare_with_paper_is_the_welch_test_written_out(values, pm, psd, pn):
+    got = uci.compare_with_paper(values, pm, psd, pn)
+    t, df, p = _welch_by_hand(values, pm, psd, pn)
+    assert got["t"] == pytest.approx(t, rel=1e-12)
+    assert got["df"] == pytest.approx(df, rel=1e-12)
+    assert got["p"] == pytest.approx(p, rel=1e-10)
+    assert got["se"] == pytest.approx(np.std(values, ddof=1) / math.sqrt(len(values)), rel=1e-12)
+    assert got["paper_se"] == pytest.approx(max(psd, 0.005) / math.sqrt(pn), rel=1e-12)
+    expected = "agrees" if p >= 0.05 else ("better" if np.mean(values) < pm else "worse")
+    assert got["verdict"] == expected
+    assert got["margin"] == pytest.approx(abs(stats.norm.isf(p / 2) - stats.norm.isf(0.025)), rel=1e-9)
+
+
+def test_compare_with_paper_approaches_scipys_welch_when_rounding_is_negligible():
+    # With SDs of order 1 the rounding term (0.005^2/3) is a 1e-5 relative change: scipy's Welch test agrees.
+    rng = np.random.default_rng(3)
+    ours = rng.normal(3.0, 0.7, size=10)
+    got = uci.compare_with_paper(ours, 3.5, 0.8, 10)
+    ref = stats.ttest_ind_from_stats(ours.mean(), ours.std(ddof=1), 10, 3.5, 0.8, 10, equal_var=False)
+    assert got["t"] == pytest.approx(ref.statistic, rel=1e-4)
+    assert got["p"] == pytest.approx(ref.pvalue, rel=1e-3)
+
+
+def test_compare_with_paper_decides_the_cases_the_old_band_got_wrong():
+    # Yacht SGHMC MNLL: ours about 0.23, the paper 3.82 ± 4.44 (SD, 10 splits): 3.6 SE of the paper away.
+    yacht = uci.compare_with_paper([0.23, 0.20, 0.26, 0.22, 0.25, 0.21, 0.24, 0.23, 0.22, 0.24], 3.82, 4.44, 10)
+    assert yacht["verdict"] == "better"
+    same = uci.compare_with_paper([3.17, 3.18, 3.16], 3.17, 0.65, 10)
+    assert same["verdict"] == "agrees" and same["p"] > 0.9
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [([1.0, math.nan], "failed"), ([math.inf, 1.0], "failed"), ([], "failed"), ([1.0], "too few splits")],
+)
+def test_compare_with_paper_failed_and_too_few(values, expected):
+    got = uci.compare_with_paper(values, 1.0, 0.1, 10)
+    assert got["verdict"] == expected and got["margin"] is None and math.isnan(got["p"])
+
+
+def test_holm_step_down():
+    assert uci.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert uci.holm([0.01, 0.02], level=0.05) == [True, True]  # 0.01 <= 0.025, 0.02 <= 0.05
+    assert uci.holm([0.03, math.nan]) == [True, False]  # NaN neither rejected nor counted
+    assert uci.holm([]) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Paired comparisons
+
+
+def test_paired_is_scipys_ttest_rel():
+    rng = np.random.default_rng(0)
+    a = rng.normal(1.0, 0.3, size=10)
+    b = a + rng.normal(0.2, 0.1, size=10)
+    got = uci.paired(a, b)
+    ref = stats.ttest_rel(a, b)
+    assert got["t"] == pytest.approx(ref.statistic, rel=1e-12)
+    assert got["p"] == pytest.approx(ref.pvalue, rel=1e-10)
+    assert got["df"] == 9 and got["n"] == 10
+    assert got["diff"] == pytest.approx(np.mean(a - b), rel=1e-12)
+    assert got["se"] == pytest.approx(np.std(a - b, ddof=1) / math.sqrt(10), rel=1e-12)
+    assert got["verdict"] == ("better" if ref.pvalue < 0.05 else "no significant difference")
+    assert got["z"] == pytest.approx(-stats.norm.isf(ref.pvalue / 2), rel=1e-9)  # a lower: negative
+
+
+def test_paired_edge_cases():
+    assert uci.paired([1.0], [2.0])["verdict"] == "too few splits"
+    same = uci.paired([1.0, 2.0], [1.0, 2.0])
+    assert (same["p"], same["verdict"]) == (1.0, "no significant difference")
+    shifted = uci.paired([2.0, 3.0], [1.0, 2.0])  # every difference +1: no spread, certainly worse
+    assert (shifted["p"], shifted["verdict"]) == (0.0, "worse")
+
+
+def _cells(table):
+    """Cell records from {(dataset, method id): [values per split]} (RMSE = the value, MNLL = value + 1)."""
+    out = []
+    for (ds, mid), vals in table.items():
+        family, _, layers = mid.partition("-")
+        for s, v in enumerate(vals):
+            if v is None:
+                continue
+            out.append({"dataset": ds, "method": family, "hidden_layers": int(layers or 0), "split": s,
+                        "test_rmse": v, "test_mnll": v + 1.0, "coverage95": 0.95})
+    return out
+
+
+def test_paired_comparisons_use_common_finite_splits():
+    ens = [1.0, 1.2, math.nan, 0.9, 1.1]
+    gp = [1.3, 1.1, 1.0, 1.4, None]  # split 4 not run
+    recs = _cells({("yacht", "ensemble-1"): ens, ("yacht", "gp"): gp, ("boston", "mcd-1"): [1.0, 2.0]})
+    rows = uci.paired_comparisons(recs, metrics=("rmse",))
+    assert len(rows) == 1  # boston has no ensemble
+    r = rows[0]
+    assert (r["dataset"], r["ensemble"], r["baseline"], r["splits"], r["dropped"]) == ("yacht", "ensemble-1", "gp",
+                                                                                     [0, 1, 3], 1)
+    ref = stats.ttest_rel([1.0, 1.2, 0.9], [1.3, 1.1, 1.4])
+    assert r["t"] == pytest.approx(ref.statistic) and r["p"] == pytest.approx(ref.pvalue)
+    with pytest.raises(ValueError, match="appears twice"):
+        uci.paired_comparisons(recs + recs[:1])
+
+
+def test_report_paired_table_carries_the_tests():
+    recs = _cells({("yacht", "ensemble-1"): [1.0, 1.2, 0.9, 1.1], ("yacht", "mcd-1"): [1.5, 1.6, 1.4, 1.7]})
+    t = report.uci_paired(recs)
+    row = t.loc[("yacht", "RMSE", "Ensemble 1-layer", "MCD 1-layer")]
+    ref = stats.ttest_rel([1.0, 1.2, 0.9, 1.1], [1.5, 1.6, 1.4, 1.7])
+    assert row["ensemble is"] == "better" and row["p"] == f"{ref.pvalue:.3g}" and row["splits"] == 4
+    assert row["t (df)"] == f"{ref.statistic:.2f} (3)"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ranking
+
+
+def test_ranking_on_common_splits():
+    recs = _cells({("yacht", "ensemble-1"): [1.0, 3.0, 2.0], ("yacht", "gp"): [2.0, 1.0, None],
+                   ("yacht", "mcd-1"): [3.0, 2.0, 1.0], ("boston", "gp"): [1.0, 1.0]})
+    rows = [r for r in uci.ranking(recs) if r["metric"] == "rmse"]
+    assert {r["dataset"] for r in rows} == {"yacht"}  # boston has one method: nothing to rank
+    # common splits 0 and 1: ranks per split (ens, gp, mcd) = (1, 2, 3) and (3, 1, 2)
+    got = {r["method"]: (r["position"], r["mean_rank"], r["mean"], r["splits"]) for r in rows}
+    assert got == {"ensemble-1": (2, 2.0, 2.0, 2), "gp": (1, 1.5, 1.5, 2), "mcd-1": (3, 2.5, 2.5, 2)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The comparative claim
+
+
+def _claim_records(shift_by_dataset, n=8, seed=1):
+    """Ensemble-1 = GP + shift + small noise, MCD-1 far worse than both, on datasets given by their shift."""
+    rng = np.random.default_rng(seed)
+    table = {}
+    for ds, shift in shift_by_dataset.items():
+        base = rng.normal(2.0, 0.5, size=n)
+        table[(ds, "gp")] = list(base)
+        table[(ds, "mcd-1")] = list(base + 5.0)
+        table[(ds, "ensemble-1")] = list(base + shift + rng.normal(0, 0.05, size=n))
+    return _cells(table)
+
+
+def test_claim_supported_when_the_ensemble_is_never_worse():
+    c = uci.comparative_claim(_claim_records({"yacht": -0.3, "boston": 0.0, "wine": 0.0}))
+    e = c["ensembles"]["ensemble-1"]
+    assert c["verdict"] == "supported" and e["holds"]
+    assert len(e["pairs"]) == 6 and e["needed"] == 4
+    assert all(p["baseline"] == "gp" for p in e["pairs"])  # the best baseline by mean, not MCD
+
+
+def test_claim_not_supported_and_its_margin_by_hand():
+    recs = _claim_records({"yacht": 1.0, "boston": 1.0, "wine": 0.0})
+    c = uci.comparative_claim(recs)
+    e = c["ensembles"]["ensemble-1"]
+    # yacht and boston: worse on RMSE and MNLL (4 pairs), wine: competitive (2 pairs); 2 of 6 < 4 needed
+    assert (e["competitive"], e["needed"], e["holds"], c["verdict"]) == (2, 4, False, "not supported")
+    zc = stats.norm.isf(0.025)
+    worse = sorted(abs(math.copysign(stats.norm.isf(p["p"] / 2), p["diff"]) - zc)
+                   for p in e["pairs"] if not p["competitive"])
+    assert c["margin"] == pytest.approx(worse[1], rel=1e-9)  # two pairs must flip to reach 4
+    for p in e["pairs"]:
+        gp = [r["test_" + p["metric"]] for r in recs if r["dataset"] == p["dataset"] and r["method"] == "gp"]
+        ens = [r["test_" + p["metric"]] for r in recs if r["dataset"] == p["dataset"] and r["method"] == "ensemble"]
+        assert p["p"] == pytest.approx(stats.ttest_rel(ens, gp).pvalue, rel=1e-10)
+
+
+def test_claim_partly_and_not_tested_and_the_report():
+    recs = _claim_records({"yacht": 0.0})
+    four = [{**r, "hidden_layers": 4, "test_rmse": r["test_rmse"] + 2.0, "test_mnll": r["test_mnll"] + 2.0}
+            for r in recs if r["method"] == "ensemble"]
+    c = uci.comparative_claim(recs + four)
+    assert c["verdict"] == "partly supported"
+    assert c["ensembles"]["ensemble-1"]["holds"] and not c["ensembles"]["ensemble-4"]["holds"]
+    assert uci.comparative_claim(_cells({("yacht", "gp"): [1.0, 2.0]}))["verdict"] == "not tested"
+    v, table = report.uci_claim(recs + four)
+    assert str(v).startswith("partly supported") and v.margin == pytest.approx(c["margin"])
+    assert "Ensemble 4-layer: competitive on 0 of 2" in v.evidence
+    assert set(table["competitive"]) == {"yes", "no (significantly worse)"}
