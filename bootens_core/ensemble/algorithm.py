@@ -12,6 +12,14 @@ Example::
     res = ensemble.train(key, model, x, y, noise_var=0.1, n_particles=200, opt=opt, steps=400)
     f = ensemble.predict(model, res.params, x_test)          # (200, n_test)
 
+The kernel under :func:`train`, for a loop of your own (early stopping, a validation metric, your own
+``lax.scan``)::
+
+    state = ensemble.init(key, model, y, 0.1, 200, opt)     # replicates and starting particles
+    step = jax.jit(functools.partial(ensemble.step, model=model, opt=opt, x=x, noise_var=0.1))
+    for t in range(400):
+        state, info = step(state)                            # info.loss: (200,) values of -log p~
+
 **Devices.** ``train(..., shard=True)`` lays the particle axis of the particles, their optimizer states and
 their replicates over a one-axis mesh ``("particles",)`` of every device (``jax.sharding``); data are
 replicated. Particles never interact, so XLA partitions each step without communication and the particles
@@ -45,12 +53,15 @@ __all__ = [
     "Optimizer",
     "optimizer",
     "State",
+    "Info",
     "EnsembleResult",
     "DivergedParticlesError",
     "check_data",
     "check_finite",
     "model_outputs",
     "init",
+    "step",
+    "particle_step",
     "train",
     "train_grid",
     "predict",
@@ -167,11 +178,19 @@ def _no_extra(name: str, kwargs: dict[str, Any]) -> None:
 
 
 class State(NamedTuple):
-    """Particles (leading axis ``k``), their optimizer states, and the number of steps taken."""
+    """Algorithm 1's state: the particles (leading axis ``k``), their optimizer states, their replicates
+    (perturbed labels ``y~_i`` and prior anchors ``theta~_i``) and the number of steps taken."""
 
     params: Params
     opt_state: Any
+    perturbation: Perturbation
     step: jax.Array
+
+
+class Info(NamedTuple):
+    """What one :func:`step` reports: ``loss``, ``(k,)`` values of ``-log p~`` of every particle before it."""
+
+    loss: jax.Array
 
 
 class EnsembleResult(NamedTuple):
@@ -274,8 +293,8 @@ def init(
     *,
     perturb_labels: bool = True,
     perturb_prior: bool = True,
-) -> tuple[State, Perturbation]:
-    """Draw the replicates and the starting particles of Algorithm 1.
+) -> State:
+    """Draw the replicates and the starting particles of Algorithm 1 (the state :func:`step` advances).
 
     With ``perturb_prior`` the particles start at their anchors ``theta~`` (Algorithm 1, line 4); without it
     the anchors are 0 (the plain prior) and the particles start at independent prior draws. Without
@@ -294,17 +313,39 @@ def init(
         pert = pert._replace(anchor=jax.tree.map(jnp.zeros_like, pert.anchor))
         params = prior_sample(k_init, model, n_particles, dtype=y.dtype)
     opt_state = jax.vmap(opt.tx.init)(params)
-    return State(params, opt_state, jnp.zeros((), jnp.int32)), pert
+    return State(params, opt_state, pert, jnp.zeros((), jnp.int32))
 
 
-def _particle_step(model: Model, opt: Optimizer):
-    """One step of one particle: minimise ``-log p~`` (i.e. ascend ``log p~``).
+def step(
+    state: State, model: Model, opt: Optimizer, x: jax.Array, noise_var: float | jax.Array, *,
+    noise_per_particle: bool = False,
+) -> tuple[State, Info]:
+    """One step of Algorithm 1 for every particle: ``theta_i <- theta_i + update of log p~_i`` (one
+    ``opt.update``).
 
-    For an optimizer that reads the loss value (the line-search L-BFGS) this single-particle step is kept for
-    reference; the ensemble runs :func:`_ensemble_step`, which takes the same step for every particle.
+    Pure and jittable with ``model`` and ``opt`` closed over, e.g.
+    ``jax.jit(functools.partial(step, model=model, opt=opt))``, or inside your own ``jax.lax.scan``;
+    :func:`train` is a driver over :func:`init` and this function. ``x``: training inputs in the particles'
+    dtype; ``noise_var``: as for :func:`train`, or with ``noise_per_particle`` one variance per particle
+    ``(k,)`` (:func:`train_grid`). With a line search the value and gradient stored at the previous step are
+    reused (one gradient evaluation per step is saved; see :func:`particle_step`).
+    """
+    update = _ensemble_update(model, opt, 0 if noise_per_particle else None)
+    params, opt_state, loss = update(state.params, state.opt_state, state.perturbation, x, noise_var)
+    return State(params, opt_state, state.perturbation, state.step + 1), Info(loss)
+
+
+def particle_step(model: Model, opt: Optimizer) -> Callable[..., tuple[Params, Any, jax.Array]]:
+    """One step of ONE particle, ``(params, opt_state, perturbation, x, noise_var) -> (params, opt_state,
+    loss)``: minimise ``-log p~`` (i.e. ascend ``log p~``).
+
+    The reference for :func:`step`: ``jax.vmap`` of it takes the same steps. For an optimizer that reads the
+    loss value (the line-search L-BFGS), that ``vmap`` evaluates every particle's gradient at every step
+    (``optax.value_and_grad_from_state``'s ``lax.cond`` becomes a ``select``); :func:`step` checks the stored
+    values once per ensemble and evaluates nothing while they are finite.
     """
 
-    def step(params, opt_state, pert, x, noise_var):
+    def step_one(params, opt_state, pert, x, noise_var):
         def loss_fn(p):
             return -perturbed_log_joint(model, p, x, pert, noise_var)
 
@@ -318,11 +359,11 @@ def _particle_step(model: Model, opt: Optimizer):
             updates, opt_state = opt.tx.update(grad, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
 
-    return step
+    return step_one
 
 
-def _ensemble_step(model: Model, opt: Optimizer, noise_axis: int | None = None):
-    """One step of every particle (leading axis ``k``), as ``jax.vmap`` of :func:`_particle_step`.
+def _ensemble_update(model: Model, opt: Optimizer, noise_axis: int | None = None):
+    """One step of every particle (leading axis ``k``), as ``jax.vmap`` of :func:`particle_step`.
 
     With a line search, the value and gradient at the current particles are those the line search stored in
     the optimizer state at the previous step; only where they are missing (the first step, or a non-finite
@@ -339,7 +380,7 @@ def _ensemble_step(model: Model, opt: Optimizer, noise_axis: int | None = None):
     variance per particle (:func:`train_grid`: a grid of ``sigma^2`` trained as one batch).
     """
     if not opt.needs_value:
-        return jax.vmap(_particle_step(model, opt), in_axes=(0, 0, 0, None, noise_axis))
+        return jax.vmap(particle_step(model, opt), in_axes=(0, 0, 0, None, noise_axis))
 
     def loss_fn(p, pert, x, noise_var):
         return -perturbed_log_joint(model, p, x, pert, noise_var)
@@ -355,7 +396,7 @@ def _ensemble_step(model: Model, opt: Optimizer, noise_axis: int | None = None):
 
     update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, noise_axis, 0, 0))
 
-    def step(params, opt_state, pert, x, noise_var):
+    def step_all(params, opt_state, pert, x, noise_var):
         stored_value = optax.tree.get(opt_state, "value")
         stored_grad = optax.tree.get(opt_state, "grad")
         stored_ok = ~jnp.isinf(stored_value) & ~jnp.isnan(stored_value)
@@ -368,7 +409,7 @@ def _ensemble_step(model: Model, opt: Optimizer, noise_axis: int | None = None):
         value, grad = jax.lax.cond(jnp.all(stored_ok), lambda _: (stored_value, stored_grad), fresh, None)
         return update_all(params, opt_state, pert, x, noise_var, value, grad)
 
-    return step
+    return step_all
 
 
 _RUNNERS: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -400,16 +441,14 @@ def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] 
 
 def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool,
                        noise_axis: int | None = None):
-    step_all = _ensemble_step(model, opt, noise_axis)
-
-    def run_chunk(state, buf, pert, x, noise_var, slots, valid):
+    def run_chunk(state, buf, x, noise_var, slots, valid):
         def body(carry, inp):
             state, buf = carry
             slot, ok = inp
 
             def advance(s):
-                params, opt_state, loss = step_all(s.params, s.opt_state, pert, x, noise_var)
-                return State(params, opt_state, s.step + 1), loss
+                s, info = step(s, model, opt, x, noise_var, noise_per_particle=noise_axis is not None)
+                return s, info.loss
 
             def hold(s):
                 k = jax.tree.leaves(s.params)[0].shape[0]
@@ -555,11 +594,11 @@ def train(
     if noise_var.ndim == 1 and y.ndim == 2:  # one variance per row of a multi-output model
         noise_var = noise_var[:, None]
 
-    state, pert = init(
+    state = init(
         key, model, y, noise_var, n_particles, opt, perturb_labels=perturb_labels, perturb_prior=perturb_prior
     )
 
-    run = _drive(model, opt, state, pert, x, noise_var, steps=steps, snaps=snaps, record=record,
+    run = _drive(model, opt, state, x, noise_var, steps=steps, snaps=snaps, record=record,
                  progress=progress, n_chunks=n_chunks, shard=shard)
     if run.diverged.any() and on_diverged == "raise":
         raise _diverged_error(run.diverged, run.loss, steps, opt)
@@ -570,7 +609,7 @@ def train(
         snapshot_steps=snaps,
         loss=run.loss,
         records=run.records,
-        perturbation=pert,
+        perturbation=state.perturbation,
         diverged=run.diverged,
     )
 
@@ -601,7 +640,6 @@ def _drive(
     model: Model,
     opt: Optimizer,
     state: State,
-    pert: Perturbation,
     x: jax.Array,
     noise_var: jax.Array,
     *,
@@ -626,9 +664,9 @@ def _drive(
                 f"shard with record needs n_particles divisible by the {n_dev} devices (got {k}): padding "
                 "particles would change what record sees"
             )
-        state = State(*shard_particles(_pad_particles((state.params, state.opt_state), k_pad), mesh),
+        state = State(*shard_particles(_pad_particles((state.params, state.opt_state, state.perturbation), k_pad),
+                                       mesh),
                       replicate(state.step, mesh))
-        pert = shard_particles(_pad_particles(pert, k_pad), mesh)
         x = replicate(x, mesh)
         if noise_axis is None:
             noise_var = replicate(noise_var, mesh)
@@ -669,7 +707,7 @@ def _drive(
             sl = slice(c * chunk, (c + 1) * chunk)
             # Sharded: host arrays for the step schedule (every process passes the same, replicated values).
             sched = (slots[sl], valid[sl]) if mesh is not None else (jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
-            state, buf, loss, rec = runner(state, buf, pert, x, noise_var, *sched)
+            state, buf, loss, rec = runner(state, buf, x, noise_var, *sched)
             losses.append(loss)
             recs.append(rec)
             if bar is not None:
@@ -743,11 +781,10 @@ def train_grid(
     x, y = check_data(x, y, None, outputs=model_outputs(model, np.asarray(x)))
     x, y = x.astype(dtype), y.astype(dtype)
     blocks = [init(key, model, y, jnp.asarray(v, dtype), k, opt) for v in grid]
-    state = State(*jax.tree.map(lambda *a: jnp.concatenate(a), *[(s.params, s.opt_state) for s, _ in blocks]),
-                  blocks[0][0].step)
-    pert = jax.tree.map(lambda *a: jnp.concatenate(a), *[p for _, p in blocks])
+    state = State(*jax.tree.map(lambda *a: jnp.concatenate(a),
+                                *[(b.params, b.opt_state, b.perturbation) for b in blocks]), blocks[0].step)
     noise_var = jnp.repeat(jnp.asarray(grid, dtype), k)
-    run = _drive(model, opt, state, pert, x, noise_var, steps=steps, progress=progress, n_chunks=n_chunks,
+    run = _drive(model, opt, state, x, noise_var, steps=steps, progress=progress, n_chunks=n_chunks,
                  shard=shard, noise_axis=0)
     if run.diverged.any() and on_diverged == "raise":
         bad = sorted({float(grid[i // k]) for i in np.nonzero(run.diverged)[0]})
@@ -755,12 +792,12 @@ def train_grid(
     return [
         EnsembleResult(
             params=_block(run.params, g, k),
-            init_params=blocks[g][0].params,
+            init_params=blocks[g].params,
             snapshots=None,
             snapshot_steps=(),
             loss=run.loss[:, g * k:(g + 1) * k],
             records=None,
-            perturbation=blocks[g][1],
+            perturbation=blocks[g].perturbation,
             diverged=run.diverged[g * k:(g + 1) * k],
         )
         for g in range(grid.size)

@@ -193,8 +193,8 @@ def setup(key: jax.Array, in_dim: int, n: int, hidden_layers: int, k: int, *, wi
     model = _model(in_dim, hidden_layers, width)
     opt = _adam(learning_rate)
     nv = jnp.asarray(noise_var, jnp.float32)
-    state, pert = ensemble.init(k_init, model, y, nv, k, opt)
-    return {"model": model, "opt": opt, "state": state, "pert": pert, "x": x, "noise_var": nv,
+    state = ensemble.init(k_init, model, y, nv, k, opt)
+    return {"model": model, "opt": opt, "state": state, "x": x, "noise_var": nv,
             "widths": widths(in_dim, hidden_layers, width)}
 
 
@@ -215,22 +215,21 @@ def _adam(lr: float) -> ensemble.Optimizer:
     return _OPTS[lr]
 
 
-def _steps_fn(p: dict[str, Any], steps: int) -> Callable[[Any, Any], ensemble.State]:
-    """``(state, pert) -> state`` after ``steps`` steps, through ensemble's compiled driver (no snapshots)."""
-    runner = ensemble.algorithm._chunk_runner(p["model"], p["opt"], None, False)
-    slots = jnp.full((steps,), -1, jnp.int32)
-    valid = jnp.ones((steps,), bool)
-    x, nv = p["x"], p["noise_var"]
+def _steps_fn(p: dict[str, Any], steps: int) -> Callable[[ensemble.State], ensemble.State]:
+    """``state -> state`` after ``steps`` steps of :func:`ensemble.step` in one jitted ``lax.scan`` (compiled
+    once per problem shape)."""
+    model, opt, x, nv = p["model"], p["opt"], p["x"], p["noise_var"]
 
-    def go(state, pert):
-        return runner(state, None, pert, x, nv, slots, valid)[0]
+    @jax.jit
+    def go(state):
+        return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, nv)[0], None), state, None, length=steps)[0]
 
     return go
 
 
 def vmapped_train(p: dict[str, Any], steps: int) -> ensemble.State:
     """All particles of :func:`setup`'s problem trained together for ``steps`` steps."""
-    return _steps_fn(p, steps)(p["state"], p["pert"])
+    return _steps_fn(p, steps)(p["state"])
 
 
 def _particle(tree: Any, i: int) -> Any:
@@ -243,8 +242,8 @@ def _loop(p: dict[str, Any], steps: int, particles: int | None) -> Callable[[], 
     k = jax.tree.leaves(p["state"].params)[0].shape[0]
     m = k if particles is None else min(int(particles), k)
     go = _steps_fn(p, steps)
-    singles = jax.block_until_ready([(_particle(p["state"], i), _particle(p["pert"], i)) for i in range(m)])
-    return lambda: [go(s, q) for s, q in singles]
+    singles = jax.block_until_ready([_particle(p["state"], i) for i in range(m)])
+    return lambda: [go(s) for s in singles]
 
 
 def jax_loop_train(p: dict[str, Any], steps: int, particles: int | None = None) -> list[ensemble.State]:
@@ -260,7 +259,7 @@ def _torch_problem(p: dict[str, Any], particles: int):
     x = torch.from_numpy(np.asarray(p["x"], np.float32))
     nets, anchors, ys = [], [], []
     params = jax.tree.map(np.asarray, p["state"].params)
-    anchor = jax.tree.map(np.asarray, p["pert"].anchor)
+    anchor = jax.tree.map(np.asarray, p["state"].perturbation.anchor)
     for i in range(particles):
         mods: list[Any] = []
         for j, (a, b) in enumerate(zip(layers[:-1], layers[1:], strict=True)):
@@ -274,7 +273,7 @@ def _torch_problem(p: dict[str, Any], particles: int):
         nets.append(torch.nn.Sequential(*mods))
         anchors.append([torch.from_numpy(np.ascontiguousarray(v[i].T if v.ndim == 3 else v[i]))
                         for lay in anchor for v in (lay["w"], lay["b"])])
-        ys.append(torch.from_numpy(np.asarray(p["pert"].y[i], np.float32)))
+        ys.append(torch.from_numpy(np.asarray(p["state"].perturbation.y[i], np.float32)))
     return x, nets, anchors, ys
 
 
@@ -446,12 +445,12 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                 if mesh is not None:
                     p = _shard_problem(p, mesh)
                 go = _steps_fn(p, cfg.steps)
-                first, _ = _time(lambda g=go, q=p: g(q["state"], q["pert"]), 0)
+                first, _ = _time(lambda g=go, q=p: g(q["state"]), 0)
                 # Repeats alternate the ensemble and the JAX loop, so that both see the same machine (a shared
                 # machine's load drifts): the speed-up is the median of the paired ratios.
                 secs_k, loop_secs = [], []
                 for _ in range(cfg.repeats):
-                    secs_k.append(_once(lambda g=go, q=p: g(q["state"], q["pert"])))
+                    secs_k.append(_once(lambda g=go, q=p: g(q["state"])))
                     loop_secs.append(_once(loop_fn))
                 rates = [k * cfg.steps / s for s in secs_k]
                 loop_rates = [m * cfg.steps / s for s in loop_secs]
@@ -624,9 +623,9 @@ def _shard_problem(p: dict[str, Any], mesh: Any) -> dict[str, Any]:
         raise ValueError(f"--shard needs every k divisible by the {n_dev} devices, got k={k}")
     state = p["state"]
     return {**p,
-            "state": ensemble.State(*ensemble.shard_particles((state.params, state.opt_state), mesh),
+            "state": ensemble.State(*ensemble.shard_particles((state.params, state.opt_state, state.perturbation),
+                                                              mesh),
                                     ensemble.replicate(state.step, mesh)),
-            "pert": ensemble.shard_particles(p["pert"], mesh),
             "x": ensemble.replicate(p["x"], mesh), "noise_var": ensemble.replicate(p["noise_var"], mesh)}
 
 

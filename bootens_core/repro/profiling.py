@@ -6,8 +6,9 @@ on another split or another key, as the book does -- and records, per call, the 
 compilations and the seconds spent tracing, lowering and compiling (from ``jax.monitoring``'s compile events,
 :class:`CompileCounter`). A second call that compiles nothing shows the compiled drivers are reused across
 cells (no recompilation per cell); what remains is computation. It also measures, in one run, the ensemble
-step with the line search's stored value checked once per ensemble against ``vmap`` of the single-particle
-step (which evaluates every particle's gradient at every step: :func:`ensemble.algorithm._ensemble_step`).
+step with the line search's stored value checked once per ensemble (:func:`ensemble.step`) against ``vmap``
+of the single-particle step (:func:`ensemble.particle_step`, which evaluates every particle's gradient at
+every step).
 """
 
 from __future__ import annotations
@@ -101,33 +102,33 @@ def line_search_step(key: jax.Array, cfg: ProfileConfig) -> dict[str, Any]:
     p = setup(key, in_dim, n, cfg.line_search_layers, cfg.line_search_particles)
     model = p["model"]
     opt = ensemble.optimizer("lbfgs", 0.5, linesearch="zoom")
-    state, pert = ensemble.init(jax.random.fold_in(key, 1), model, jnp.zeros(n, jnp.float32), p["noise_var"],
-                                cfg.line_search_particles, opt)
+    state = ensemble.init(jax.random.fold_in(key, 1), model, jnp.zeros(n, jnp.float32), p["noise_var"],
+                          cfg.line_search_particles, opt)
     x, nv = p["x"], p["noise_var"]
-    pert = pert._replace(y=jax.random.normal(jax.random.fold_in(key, 2), pert.y.shape, pert.y.dtype))
+    pert = state.perturbation
+    state = state._replace(perturbation=pert._replace(
+        y=jax.random.normal(jax.random.fold_in(key, 2), pert.y.shape, pert.y.dtype)))
+    one = jax.vmap(ensemble.particle_step(model, opt), in_axes=(0, 0, 0, None, None))
 
-    def scan_of(step: Callable) -> Callable:
+    def vmapped(s: ensemble.State) -> ensemble.State:
+        params, opt_state, _ = one(s.params, s.opt_state, s.perturbation, x, nv)
+        return s._replace(params=params, opt_state=opt_state, step=s.step + 1)
+
+    def scan_of(step: Callable[[ensemble.State], ensemble.State]) -> Callable:
         @jax.jit
-        def go(params, opt_state):
-            def body(carry, _):
-                params, opt_state, _ = step(*carry, pert, x, nv)
-                return (params, opt_state), None
-
-            return jax.lax.scan(body, (params, opt_state), None, length=cfg.line_search_steps)[0]
+        def go(s):
+            return jax.lax.scan(lambda c, _: (step(c), None), s, None, length=cfg.line_search_steps)[0]
 
         return go
 
-    runs = {
-        "ensemble": scan_of(ensemble.algorithm._ensemble_step(model, opt)),
-        "vmapped": scan_of(jax.vmap(ensemble.algorithm._particle_step(model, opt), in_axes=(0, 0, 0, None, None))),
-    }
+    runs = {"ensemble": scan_of(lambda s: ensemble.step(s, model, opt, x, nv)[0]), "vmapped": scan_of(vmapped)}
     for go in runs.values():  # warm-up: compilation excluded from the timings
-        jax.block_until_ready(go(state.params, state.opt_state))
+        jax.block_until_ready(go(state))
     secs: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(cfg.repeats):
         for name, go in runs.items():
             start = time.perf_counter()
-            jax.block_until_ready(go(state.params, state.opt_state))
+            jax.block_until_ready(go(state))
             secs[name].append(time.perf_counter() - start)
     rate = {name: [cfg.line_search_particles * cfg.line_search_steps / s for s in v] for name, v in secs.items()}
     ratios = [a / b for a, b in zip(rate["ensemble"], rate["vmapped"], strict=True)]

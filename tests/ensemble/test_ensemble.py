@@ -524,8 +524,8 @@ def _line_search_problem():
     x = jax.random.normal(jax.random.key(11), (24, 3))
     y = jnp.sin(x @ jnp.array([1.0, -0.5, 0.3]))
     opt = ensemble.optimizer("lbfgs", 0.5, linesearch="zoom")
-    state, pert = ensemble.init(jax.random.key(12), model, y, 0.1, 5, opt)
-    return model, x, jnp.asarray(0.1), opt, state, pert
+    state = ensemble.init(jax.random.key(12), model, y, 0.1, 5, opt)
+    return model, x, jnp.asarray(0.1), opt, state
 
 
 def test_ensemble_step_with_line_search_equals_the_vmapped_particle_step_with_fewer_evaluations():
@@ -534,7 +534,8 @@ def test_ensemble_step_with_line_search_equals_the_vmapped_particle_step_with_fe
     stored) and a particle whose stored value is not finite (recomputed alone); and it must run fewer model
     evaluations (counted by a host callback in the model): after the first step the vmapped single-particle
     step still evaluates every particle before its line search (its ``lax.cond`` became a ``select``)."""
-    model, x, nv, opt, state, pert = _line_search_problem()
+    model, x, nv, opt, state = _line_search_problem()
+    pert = state.perturbation
     calls = {"ref": [], "new": []}
 
     def counted(name):
@@ -544,8 +545,12 @@ def test_ensemble_step_with_line_search_equals_the_vmapped_particle_step_with_fe
 
         return model._replace(apply=apply)
 
-    ref_step = jax.jit(jax.vmap(ensemble.algorithm._particle_step(counted("ref"), opt), in_axes=(0, 0, 0, None, None)))
-    new_step = jax.jit(ensemble.algorithm._ensemble_step(counted("new"), opt))
+    ref_step = jax.jit(jax.vmap(ensemble.particle_step(counted("ref"), opt), in_axes=(0, 0, 0, None, None)))
+    step_new = jax.jit(lambda s: ensemble.step(s, counted("new"), opt, x, nv))
+
+    def new_step(params, opt_state, pert, x, nv):
+        s, info = step_new(ensemble.State(params, opt_state, pert, jnp.zeros((), jnp.int32)))
+        return s.params, s.opt_state, info.loss
     is_ls = lambda s: hasattr(s, "value") and hasattr(s, "grad")  # noqa: E731
     spoil = lambda s: s._replace(value=s.value.at[2].set(jnp.nan)) if is_ls(s) else s  # noqa: E731
     pa, sa, pb, sb = state.params, state.opt_state, state.params, state.opt_state

@@ -35,7 +35,8 @@ def _toy(n=14, d=2, seed=0):
 def _by_hand(key, model, x, y, noise_var, k, opt, steps):
     """``steps`` outer steps of ``opt.tx`` on every particle, vmapped, from ``ensemble.init``'s replicates."""
     x, y = jnp.asarray(x), jnp.asarray(y)
-    state, pert = ensemble.init(key, model, y, noise_var, k, opt)
+    state = ensemble.init(key, model, y, noise_var, k, opt)
+    pert = state.perturbation
 
     def one(params, st, p):
         def loss(q):

@@ -45,15 +45,17 @@ _SCRIPT = textwrap.dedent(
         assert [np.shape(v) for v in la] == [np.shape(v) for v in lb]
         out["diff"][k] = max(float(np.max(np.abs(np.asarray(u, float) - np.asarray(v, float)))) for u, v in zip(la, lb))
     mesh = ensemble.particle_mesh()
-    state, pert = ensemble.init(jax.random.key(0), model, y, 0.1, 8, opt)
+    state = ensemble.init(jax.random.key(0), model, y, 0.1, 8, opt)
     params = ensemble.shard_particles(state.params, mesh)
     out["shards_per_leaf"] = len(jax.tree.leaves(params)[0].addressable_shards)
     out["shard_rows"] = jax.tree.leaves(params)[0].addressable_shards[0].data.shape[0]
-    runner = ensemble.algorithm._chunk_runner(model, opt, None, False)
-    st, _, _, _ = runner(ensemble.State(params, ensemble.shard_particles(state.opt_state, mesh),
-                                        ensemble.replicate(state.step, mesh)),
-                         None, ensemble.shard_particles(pert, mesh), *ensemble.replicate((x, jnp.asarray(0.1)), mesh),
-                         np.full(5, -1, np.int32), np.ones(5, bool))
+    # the public kernel keeps a sharded state sharded: five steps in the user's own jitted scan
+    state = ensemble.State(params, *ensemble.shard_particles((state.opt_state, state.perturbation), mesh),
+                           ensemble.replicate(state.step, mesh))
+    xs, nv = ensemble.replicate((x, jnp.asarray(0.1)), mesh)
+    five = jax.jit(lambda s: jax.lax.scan(lambda c, _: (ensemble.step(c, model, opt, xs, nv)[0], None), s, None,
+                                          length=5)[0])
+    st = five(state)
     leaf = jax.tree.leaves(st.params)[0]
     out["output_split"] = leaf.sharding.is_equivalent_to(NamedSharding(mesh, P("particles")), leaf.ndim)
     print("RESULT " + json.dumps(out))

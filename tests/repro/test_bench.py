@@ -34,7 +34,7 @@ def test_step_bytes_and_intensity_hand_count():
 def test_step_flops_agrees_with_xla_cost_analysis():
     """XLA's own count of the compiled gradient (matmuls plus elementwise work) is a little above ours."""
     p = bench.setup(jax.random.key(0), 5, 256, 2, 1, width=64)
-    one = jax.tree.map(lambda a: a[0], (p["state"].params, p["pert"]))
+    one = jax.tree.map(lambda a: a[0], (p["state"].params, p["state"].perturbation))
 
     def loss(params, pert):
         return -perturb.perturbed_log_joint(p["model"], params, p["x"], pert, p["noise_var"])

@@ -1030,7 +1030,8 @@ def lbfgs_check(
     x = jnp.asarray(data.x_train, jnp.float64)
     y = jnp.asarray(data.y_train, jnp.float64)
     opt = ensemble.optimizer("lbfgs", cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
-    state, pert = ensemble.init(key, model, y, noise_var, 1, opt)
+    state = ensemble.init(key, model, y, noise_var, 1, opt)
+    pert = state.perturbation
     one = jax.tree.map(lambda a: a[0], pert)
     theta0, unravel = models.ravel(jax.tree.map(lambda a: a[0], state.params))
 
