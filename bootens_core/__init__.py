@@ -10,6 +10,8 @@ Bootstrap Ensembles as Bayesian Inference". Two layers. The library, one module 
 - :mod:`~bootens_core.baselines` Gaussian processes and Monte Carlo dropout
 - :mod:`~bootens_core.exact`     exact Bayesian linear regression, grid posteriors, the theorems measured
 - :mod:`~bootens_core.metrics`   RMSE, mixture MNLL, Gaussian KL, calibration
+- :mod:`~bootens_core.checks`    validation of user inputs, the divergence error
+- :mod:`~bootens_core.driver`    the chunked host loop (progress bars) of the ensemble and the samplers
 - :mod:`~bootens_core.classification` classification as heteroscedastic latent regression
 - :mod:`~bootens_core.data`      the UCI benchmark, tabular and synthetic data
 
@@ -17,16 +19,14 @@ and the reproduction of the paper on top of it, :mod:`~bootens_core.repro` (conf
 the experiments of every chapter, the result store, tables, figures, benchmarks and the ``bootens``
 command). The library never imports the reproduction layer.
 
-Importing the package enables JAX's 64-bit mode: comparisons against analytic posteriors run in float64,
-and every experiment states the dtype its networks train in (``dtype`` config field), so float32
-training stays float32.
+Importing the package changes no JAX setting. Functions compute in the dtype they are given, by default
+JAX's default float (float32, or float64 with JAX's 64-bit mode on; :func:`bootens_core.models.float_dtype`);
+asking for float64 while the mode is off raises an error. The reproduction compares against analytic
+posteriors in float64: its experiments require the mode, which the ``bootens`` command and every chapter
+switch on.
 """
 
 from __future__ import annotations
-
-import jax as _jax
-
-_jax.config.update("jax_enable_x64", True)
 
 __version__ = "0.1.0"
 

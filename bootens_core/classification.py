@@ -42,7 +42,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from . import ensemble
-from .models import Model, Params, prior_logpdf, zeros
+from .checks import check_finite, model_outputs
+from .models import Model, Params, float_dtype, prior_logpdf, zeros
 
 __all__ = [
     "ALPHA_EPS",
@@ -167,7 +168,7 @@ def train(
     n_classes: int | None = None,
     alpha_eps: float = ALPHA_EPS,
     perturb: bool = True,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
     on_diverged: str = "raise",
     progress: bool | str = False,
 ) -> ClassifierFit:
@@ -178,7 +179,7 @@ def train(
     climb the same log joint. Other arguments as :func:`ensemble.train`.
     """
     targets = transform(labels, n_classes, alpha_eps)
-    outputs = ensemble.model_outputs(model, np.asarray(x))
+    outputs = model_outputs(model, np.asarray(x))
     c = targets.y.shape[1]
     if outputs != c:
         raise ValueError(f"the model has {outputs or 1} output(s) but the labels have {c} classes: use out_dim={c}")
@@ -219,12 +220,13 @@ def log_joint(model: Model, params: Params, x: jax.Array, labels: jax.Array) -> 
     return log_likelihood(model, params, x, labels) + prior_logpdf(model, params)
 
 
-def log_density_fn(model: Model, x: Any, labels: Any, dtype: Any = jnp.float64):
-    """:func:`log_joint` as a function of one flat parameter vector, and the unravel map (for NUTS)."""
-
+def log_density_fn(model: Model, x: Any, labels: Any, dtype: Any = None):
+    """:func:`log_joint` as a function of one flat parameter vector, and the unravel map (for NUTS); ``dtype``
+    as :func:`~bootens_core.models.float_dtype`."""
+    dtype = float_dtype(dtype)
     arr, _ = check_labels(labels)
     x_np = np.asarray(x)
-    ensemble.check_finite("x", x_np)
+    check_finite("x", x_np)
     if x_np.shape[0] != arr.shape[0]:
         raise ValueError(f"x has {x_np.shape[0]} rows but there are {arr.shape[0]} labels")
     x_j, y_j = jnp.asarray(x_np, dtype), jnp.asarray(arr)

@@ -24,6 +24,7 @@ __all__ = [
     "trig_features",
     "scalar_linear",
     "toy_relu",
+    "float_dtype",
     "template",
     "zeros",
     "prior_sample",
@@ -64,15 +65,39 @@ class Model(NamedTuple):
     name: str = "model"
 
 
+def float_dtype(dtype: Any = None) -> jnp.dtype:
+    """The float dtype to compute in: ``dtype``, or with ``None`` JAX's default float (float64 when JAX's
+    64-bit mode is on, float32 otherwise). The package never switches that mode itself; turn it on with
+    ``jax.config.update("jax_enable_x64", True)`` before the first array, or scope it with ``jax.enable_x64()``.
+
+    Raises ``ValueError`` for a dtype that is not a float, and for float64 while the 64-bit mode is off (JAX
+    would otherwise compute in float32 without a word).
+    """
+    if dtype is None:
+        return jnp.dtype(jax.dtypes.canonicalize_dtype(jnp.float64))
+    try:
+        d = jnp.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"dtype {dtype!r} is not a dtype") from e
+    if not jnp.issubdtype(d, jnp.floating):
+        raise ValueError(f"dtype {d} is not a float dtype")
+    if jax.dtypes.canonicalize_dtype(d) != d:
+        raise ValueError(
+            f"dtype {d} needs JAX's 64-bit mode, which is off: call jax.config.update('jax_enable_x64', True) "
+            "before creating arrays (or compute inside `with jax.enable_x64():`), or pass a 32-bit dtype"
+        )
+    return d
+
+
 def template(model: Model, dtype: Any = None) -> Params:
     """The parameters of ``model`` as a pytree of ``jax.ShapeDtypeStruct`` leaves (the structure and shapes of
     one draw, no data): what ``jax.eval_shape``, ``jax.tree.map(jnp.zeros_like, ...)`` or ``ravel_pytree`` of
     zeros need. Leaves of ``model.shapes`` may be shape tuples, ``ShapeDtypeStruct`` or arrays; ``dtype`` sets
-    every leaf's dtype (default: JAX's default float dtype).
+    every leaf's dtype (default: JAX's default float dtype; see :func:`float_dtype`).
 
     Raises ``ValueError`` naming the leaf whose shape is not a tuple of non-negative integers.
     """
-    dtype = jnp.zeros((), dtype).dtype if dtype is not None else jnp.zeros(()).dtype
+    dtype = float_dtype(dtype)
 
     def leaf(path: Any, s: Any) -> jax.ShapeDtypeStruct:
         shape = getattr(s, "shape", s)
@@ -180,8 +205,10 @@ def zeros(model: Model, dtype: Any = None) -> Params:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template(model, dtype))
 
 
-def prior_sample(key: jax.Array, model: Model, n: int | None = None, dtype: Any = jnp.float64) -> Params:
-    """Draw parameters from the prior; with ``n``, a leading axis of ``n`` independent draws."""
+def prior_sample(key: jax.Array, model: Model, n: int | None = None, dtype: Any = None) -> Params:
+    """Draw parameters from the prior; with ``n``, a leading axis of ``n`` independent draws (``dtype``: see
+    :func:`float_dtype`)."""
+    dtype = float_dtype(dtype)
     leaves, treedef = jax.tree.flatten(template(model, dtype))
     variances = treedef.flatten_up_to(model.prior_var)
     keys = jax.random.split(key, len(leaves))

@@ -23,7 +23,9 @@ matplotlib.use("Agg")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-import bootens_core  # noqa: E402,F401  (enables jax_enable_x64 before any test builds an array)
+# The package changes no JAX setting; the tests, like the experiments, compute in float64 (a subprocess test
+# checks that importing the package leaves the mode alone).
+jax.config.update("jax_enable_x64", True)
 
 _COMPILE_CACHE: str | None = None
 

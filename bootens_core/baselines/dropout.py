@@ -80,8 +80,9 @@ import numpy as np
 import optax
 
 from ..data import uci
-from ..ensemble import check_finite
+from ..checks import check_finite
 from ..metrics import Prediction
+from ..models import float_dtype
 
 __all__ = [
     "Params",
@@ -290,7 +291,9 @@ def init(
     key: jax.Array, in_dim: int, hidden_layers: int, width: int, dtype: Any = jnp.float32, out_dim: int = 1
 ) -> Params:
     """Keras ``Dense`` defaults: Glorot-uniform weights ``U(-a, a)``, ``a = sqrt(6 / (fan_in + fan_out))``,
-    zero biases; ``in_dim -> width x hidden_layers -> out_dim`` (``out_dim`` class logits for a classifier)."""
+    zero biases; ``in_dim -> width x hidden_layers -> out_dim`` (``out_dim`` class logits for a classifier).
+    ``dtype``: a float dtype (float64 needs JAX's 64-bit mode, see :func:`~bootens_core.models.float_dtype`)."""
+    dtype = float_dtype(dtype)
     in_dim = _check_count(in_dim, "in_dim")
     hidden_layers = _check_count(hidden_layers, "hidden_layers", 0)
     width = _check_count(width, "width")
@@ -581,16 +584,17 @@ def mc_scores(
     ``ll_i = logsumexp_t(-tau/2 (y_i - f_ti)^2) - log T - log(2 pi)/2 + log(tau)/2`` with ``y`` and
     ``tau`` in the units of the network's labels (for standardised labels and a precision ``tau_orig`` of
     the original ones: ``tau = tau_orig * y_std^2``, and the original-unit ``ll`` is this minus
-    ``log y_std``). The passes are those of :func:`predict` with the same key. Accumulated in float64.
+    ``log y_std``). The passes are those of :func:`predict` with the same key. Accumulated in float64 (in
+    float32 when JAX's 64-bit mode is off).
     """
     p, t = _check_rate(dropout), _check_tau(tau)
     n_samples = _check_count(n_samples, "n_samples")
     x, y = _check_xy(x, y, _in_dim(params))
     chunk = _chunk(n_samples, x.shape[0], params) if chunk is None else _check_count(chunk, "chunk")
-    dtype = params[0]["w"].dtype
+    dtype, wide = params[0]["w"].dtype, float_dtype()
     return _scores_one(
-        key, params, jnp.asarray(x, dtype), jnp.asarray(y, jnp.float64), jnp.asarray(p, dtype),
-        jnp.asarray(t, jnp.float64), n_samples=n_samples, chunk=chunk,
+        key, params, jnp.asarray(x, dtype), jnp.asarray(y, wide), jnp.asarray(p, dtype),
+        jnp.asarray(t, wide), n_samples=n_samples, chunk=chunk,
     )
 
 
@@ -690,11 +694,11 @@ def fit_select(
     )
     unit = ys * y_scale  # original label units per standardised unit of this fit
     x_v = jnp.asarray((x_all[val_rows] - xm) / xs, dtype)
-    y_v = jnp.asarray((y_all[val_rows] - ym) / ys, jnp.float64)
+    y_v = jnp.asarray((y_all[val_rows] - ym) / ys, float_dtype())
     chunk = _chunk(n_samples, x_v.shape[0], grid.params, len(pairs))
     sc = _scores_grid(
         k_pred, grid.params, x_v, y_v, jnp.asarray([p for p, _ in pairs], dtype),
-        jnp.asarray([t * unit**2 for _, t in pairs], jnp.float64), n_samples=n_samples, chunk=chunk,
+        jnp.asarray([t * unit**2 for _, t in pairs], float_dtype()), n_samples=n_samples, chunk=chunk,
     )
     val_ll = np.asarray(sc.ll).mean(1) - math.log(unit)  # Gal's mean ll in original units
     val_rmse = np.sqrt(np.mean((np.asarray(sc.mean) - np.asarray(y_v)[None]) ** 2, axis=1)) * unit

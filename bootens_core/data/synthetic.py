@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from ..models import float_dtype
 
 __all__ = [
     "Regression1D",
@@ -50,8 +51,8 @@ def binary_1d(key: jax.Array, n: int, half_width: float = 3.0) -> Classification
     class 0 in the middle, the transitions where ``p`` crosses 1/2 (``|x| = pi/3``). Both classes are present
     (else one point is flipped)."""
     k_x, k_y = jax.random.split(key)
-    x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, -half_width, half_width)))
-    u = np.asarray(jax.random.uniform(k_y, (n,), jnp.float64))
+    x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), float_dtype(), -half_width, half_width)))
+    u = np.asarray(jax.random.uniform(k_y, (n,), float_dtype()))
     labels = (u < _binary_1d_prob(x)).astype(np.int64)
     if labels.min() == labels.max():
         labels[0] = 1 - labels[0]
@@ -62,8 +63,8 @@ def binary_1d(key: jax.Array, n: int, half_width: float = 3.0) -> Classification
 def univariate(key: jax.Array, n: int, w_true: float, noise_var: float) -> Regression1D:
     """``y = w_true x + N(0, noise_var)`` with ``x ~ N(0, 1)`` (Figure 1)."""
     k_x, k_eps = jax.random.split(key)
-    x = np.asarray(jax.random.normal(k_x, (n,), jnp.float64))
-    y = w_true * x + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
+    x = np.asarray(jax.random.normal(k_x, (n,), float_dtype()))
+    y = w_true * x + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), float_dtype()))
     return Regression1D(x, y, f"y = {w_true:g} x + N(0, {noise_var:g}), x ~ N(0, 1)")
 
 
@@ -75,16 +76,16 @@ def trig_regression(key: jax.Array, n: int, noise_var: float) -> Regression1D:
     """
     k_side, k_x, k_eps = jax.random.split(key, 3)
     side = np.where(np.asarray(jax.random.bernoulli(k_side, 0.5, (n,))), 1.0, -1.0)
-    x = side * np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, 0.5, 2.0))
+    x = side * np.asarray(jax.random.uniform(k_x, (n,), float_dtype(), 0.5, 2.0))
     x = np.sort(x)
     f = np.sin(2 * x) + 0.5 * x
-    y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
+    y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), float_dtype()))
     return Regression1D(x, y, f"y = sin(2x) + x/2 + N(0, {noise_var:g}), x ~ U([-2,-0.5] u [0.5,2])")
 
 
 def trig_frequencies(key: jax.Array, n_features: int, lengthscale: float) -> np.ndarray:
     """The fixed frequencies ``omega ~ N(0, l^2)`` of the trigonometric features (Appendix, l = 1.6)."""
-    return lengthscale * np.asarray(jax.random.normal(key, (n_features,), jnp.float64))
+    return lengthscale * np.asarray(jax.random.normal(key, (n_features,), float_dtype()))
 
 
 def toy_relu(
@@ -92,9 +93,9 @@ def toy_relu(
 ) -> Regression1D:
     """Figure 4's data: ``y = ReLU(w1 x) + ReLU(w2 x) + N(0, noise_var)``, ``x ~ U(-half_width, half_width)``."""
     k_x, k_eps = jax.random.split(key)
-    x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), jnp.float64, -half_width, half_width)))
+    x = np.sort(np.asarray(jax.random.uniform(k_x, (n,), float_dtype(), -half_width, half_width)))
     f = np.maximum(w_true[0] * x, 0) + np.maximum(w_true[1] * x, 0)
-    y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), jnp.float64))
+    y = f + np.sqrt(noise_var) * np.asarray(jax.random.normal(k_eps, (n,), float_dtype()))
     desc = (f"y = ReLU({w_true[0]:g} x) + ReLU({w_true[1]:g} x) + N(0, {noise_var:g}), "
             f"x ~ U(-{half_width:g}, {half_width:g})")
     return Regression1D(x, y, desc)

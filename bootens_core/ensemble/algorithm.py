@@ -45,7 +45,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..models import Model, Params, predict, prior_sample, template
+from ..checks import DivergedParticlesError, check_data, check_finite, model_outputs
+from ..driver import Chunk, run_chunks
+from ..models import Model, Params, float_dtype, predict, prior_sample
 from ..perturb import Perturbation, perturbed_log_joint
 from ..perturb import sample as sample_perturbation
 
@@ -216,71 +218,6 @@ class EnsembleResult(NamedTuple):
     records: Any
     perturbation: Perturbation
     diverged: np.ndarray
-
-
-class DivergedParticlesError(RuntimeError):
-    """Raised when particles end with NaN/Inf parameters; ``.diverged`` is the boolean mask."""
-
-    def __init__(self, message: str, diverged: np.ndarray, first_step: int | None):
-        super().__init__(message)
-        self.diverged = diverged
-        self.first_step = first_step
-
-
-def check_finite(name: str, arr: np.ndarray) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``arr`` is not numeric or holds NaN/Inf (with the first rows)."""
-    if not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        rows = np.unique(np.nonzero(bad)[0])
-        raise ValueError(
-            f"{name} contains {int(bad.sum())} NaN/Inf value(s) (rows {rows[:5].tolist()}"
-            f"{'...' if rows.size > 5 else ''}); remove or impute them first"
-        )
-
-
-def check_data(x: Any, y: Any, noise_var: Any = None, *, outputs: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """Validate training data: matching lengths, finite values, positive noise variance.
-
-    Labels are a vector ``(n,)``, or with ``outputs = C`` a matrix ``(n, C)`` (one column per output of a
-    multi-output model, e.g. the class latents of :mod:`bootens_core.classification`). ``noise_var`` is a
-    scalar, one variance per row ``(n,)``, or one per label (the labels' shape).
-
-    Returns ``(x, y)`` as arrays; raises ``ValueError`` naming the problem otherwise.
-    """
-    x_np, y_np = np.asarray(x), np.asarray(y)
-    if outputs is None and y_np.ndim != 1:
-        raise ValueError(f"labels y must be a vector of shape (n,), got shape {y_np.shape}")
-    if outputs is not None and (y_np.ndim != 2 or y_np.shape[1] != int(outputs)):
-        raise ValueError(
-            f"labels y must have shape (n, {int(outputs)}) (one column per model output), got shape {y_np.shape}"
-        )
-    if x_np.ndim not in (1, 2):
-        raise ValueError(f"inputs x must have shape (n,) or (n, d), got shape {x_np.shape}")
-    if x_np.shape[0] != y_np.shape[0]:
-        raise ValueError(f"x has {x_np.shape[0]} rows but y has {y_np.shape[0]} labels")
-    if y_np.shape[0] == 0:
-        raise ValueError("no training data (n = 0)")
-    check_finite("x", x_np)
-    check_finite("y", y_np)
-    if noise_var is not None:
-        nv = np.asarray(noise_var, dtype=float)
-        if nv.shape not in ((), (y_np.shape[0],), y_np.shape):
-            allowed = f"({y_np.shape[0]},)" + (f" or {y_np.shape}" if y_np.ndim == 2 else "")
-            raise ValueError(f"noise_var must be a scalar or have shape {allowed}, got {nv.shape}")
-        if nv.ndim == 1 and y_np.ndim == 2:
-            nv = nv[:, None]
-        if not np.all(np.isfinite(nv) & (nv > 0)):
-            raise ValueError("noise_var must be positive and finite")
-    return jnp.asarray(x_np), jnp.asarray(y_np)
-
-
-def model_outputs(model: Model, x: Any) -> int | None:
-    """``None`` for a model with one output per input (``apply -> (n,)``), else its number of outputs
-    (``apply -> (n, C)``), found from shapes alone (``jax.eval_shape``) at inputs shaped like ``x``."""
-    out = jax.eval_shape(model.apply, template(model, jnp.float32), jax.ShapeDtypeStruct(np.shape(x), jnp.float32))
-    return None if len(out.shape) == 1 else int(out.shape[1])
 
 
 def init(
@@ -545,7 +482,7 @@ def train(
     record: Callable[[Params], Any] | None = None,
     perturb_labels: bool = True,
     perturb_prior: bool = True,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
     on_diverged: str = "raise",
     progress: bool | str = False,
     n_chunks: int = 1,
@@ -568,7 +505,8 @@ def train(
         record: a function of the particles (leading axis ``k``) evaluated before the first step and after
             every step on the device, e.g. a projection used for a KL curve.
         perturb_labels, perturb_prior: see :func:`init`.
-        dtype: float dtype of data and parameters (float32 for large networks).
+        dtype: float dtype of data and parameters (float32 for large networks); default JAX's default float,
+            see :func:`~bootens_core.models.float_dtype`.
         on_diverged: ``"raise"`` (default) raises :class:`DivergedParticlesError` if any particle ends with a
             NaN/Inf parameter; ``"report"`` returns and flags them in ``diverged``.
         progress: show a progress bar (a description string sets its label).
@@ -588,6 +526,7 @@ def train(
     snaps = tuple(sorted({int(s) for s in snapshot_steps}))
     if snaps and (snaps[0] < 0 or snaps[-1] > steps):
         raise ValueError(f"snapshot steps must lie in [0, {steps}], got {list(snaps)}")
+    dtype = float_dtype(dtype)
     x, y = check_data(x, y, noise_var, outputs=model_outputs(model, np.asarray(x)))
     x, y = x.astype(dtype), y.astype(dtype)
     noise_var = jnp.asarray(noise_var, dtype)
@@ -696,26 +635,20 @@ def _drive(
             buf = _place(gather(buf), NamedSharding(mesh, P(None, "particles")))
 
     runner = _chunk_runner(model, opt, record, with_snapshots, noise_axis)
-    losses, recs = [], []
-    bar = None
-    if progress and n_chunks:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=steps, desc=progress if isinstance(progress, str) else "particles", unit="step")
-    try:
-        for c in range(n_chunks):
-            sl = slice(c * chunk, (c + 1) * chunk)
-            # Sharded: host arrays for the step schedule (every process passes the same, replicated values).
-            sched = (slots[sl], valid[sl]) if mesh is not None else (jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
-            state, buf, loss, rec = runner(state, buf, x, noise_var, *sched)
-            losses.append(loss)
-            recs.append(rec)
-            if bar is not None:
-                jax.block_until_ready(state.params)
-                bar.update(min(chunk, steps - c * chunk))
-    finally:
-        if bar is not None:
-            bar.close()
+    def advance(carry, chunk_slots, chunk_valid):
+        state, buf, loss, rec = runner(*carry, x, noise_var, chunk_slots, chunk_valid)
+        return (state, buf), (loss, rec)
+
+    def schedule(c: int) -> tuple[Any, Any]:
+        sl = slice(c * chunk, (c + 1) * chunk)
+        # Sharded: host arrays for the step schedule (every process passes the same, replicated values).
+        return (slots[sl], valid[sl]) if mesh is not None else (jnp.asarray(slots[sl]), jnp.asarray(valid[sl]))
+
+    plan = [Chunk(schedule(c), min(chunk, steps - c * chunk)) for c in range(n_chunks)]
+    (state, buf), outputs = run_chunks(advance, (state, buf), plan, progress=progress, label="particles")
+    losses = [loss for loss, _ in outputs]
+    recs = [rec for _, rec in outputs]
 
     params = state.params
     if mesh is not None:
@@ -750,7 +683,7 @@ def train_grid(
     n_particles: int,
     opt: Optimizer,
     steps: int,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
     on_diverged: str = "raise",
     progress: bool | str = False,
     n_chunks: int = 1,
@@ -778,6 +711,7 @@ def train_grid(
     if steps < 0:
         raise ValueError(f"steps must be non-negative, got {steps}")
     k = int(n_particles)
+    dtype = float_dtype(dtype)
     x, y = check_data(x, y, None, outputs=model_outputs(model, np.asarray(x)))
     x, y = x.astype(dtype), y.astype(dtype)
     blocks = [init(key, model, y, jnp.asarray(v, dtype), k, opt) for v in grid]

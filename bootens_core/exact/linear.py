@@ -24,6 +24,7 @@ import numpy as np
 from scipy.special import digamma
 
 from ..metrics import gaussian_kl
+from ..models import float_dtype
 
 __all__ = [
     "LinearGaussian",
@@ -119,8 +120,8 @@ def _apply_cov(post: LinearGaussian, b: np.ndarray) -> np.ndarray:
 def sample_posterior(key: jax.Array, post: LinearGaussian, n: int) -> np.ndarray:
     """``n`` exact posterior samples ``(n, D)``."""
     k_sub, k_perp = jax.random.split(key)
-    z_sub = np.asarray(jax.random.normal(k_sub, (n, post.V.shape[1]), jnp.float64))
-    z_full = np.asarray(jax.random.normal(k_perp, (n, post.D), jnp.float64))
+    z_sub = np.asarray(jax.random.normal(k_sub, (n, post.V.shape[1]), float_dtype()))
+    z_full = np.asarray(jax.random.normal(k_perp, (n, post.D), float_dtype()))
     perp = z_full - (z_full @ post.V) @ post.V.T
     return post.mean[None] + (z_sub / np.sqrt(post.lam)) @ post.V.T + np.sqrt(post.prior_var) * perp
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import ensemble, models
 from . import store
-from .config import BenchConfig, as_dict
+from .config import BenchConfig, as_dict, require_x64
 
 __all__ = [
     "NAME",
@@ -633,6 +633,7 @@ def run(key: jax.Array, cfg: BenchConfig, *, use_cache: bool = True, force: bool
         progress: bool = False) -> store.Result:
     """:func:`measure`, cached in the result store (``summary`` is the ``bench.json`` document): the book
     reads a measurement made once instead of re-measuring on every execution."""
+    require_x64("bench")
     return store.cached(NAME, key, cfg, lambda: ({}, measure(key, cfg, progress=progress)),
                         use_cache=use_cache, force=force)
 

@@ -262,7 +262,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return 2
             # Assemble the finished cells only (e.g. while a long run is still going, or after it was cut
             # short); the summary lists the missing ones and the wall time is the cells' own.
-            result = _stored_result(mod, mod._store_dir(key, cfg), cfg)
+            result = _stored_result(mod, mod.store_dir(key, cfg), cfg)
         else:
             result = mod.run(key, cfg, force=args.force, progress=not args.quiet)
     except (ValueError, FileNotFoundError) as exc:
@@ -436,6 +436,9 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bootens`` console script."""
     start = _clock()  # --time-budget counts from here
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # the experiments compute in float64 (config.require_x64)
     parser = argparse.ArgumentParser(prog="bootens", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="list the experiments and the paper artefacts they rebuild")

@@ -29,6 +29,7 @@ __all__ = [
     "UCI_LBFGS_LINESEARCHES",
     "for_profile",
     "as_dict",
+    "require_x64",
 ]
 
 PROFILES = ("quick", "paper")
@@ -52,6 +53,22 @@ def as_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-ready dict of a config dataclass (tuples become lists)."""
     out = dataclasses.asdict(cfg)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def require_x64(experiment: str) -> None:
+    """Raise ``RuntimeError`` unless JAX's 64-bit mode is on.
+
+    The experiments compare against analytic references in float64 and name the dtype their networks train
+    in; without the mode JAX would compute every float64 array in float32 and the chapter's numbers would
+    change without a word. The ``bootens`` command and every chapter switch the mode on first.
+    """
+    import jax
+
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError(
+            f"the {experiment} experiment computes in float64 and needs JAX's 64-bit mode: call "
+            "jax.config.update('jax_enable_x64', True) before anything else creates JAX arrays"
+        )
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def _uci_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
         for call, split in enumerate(cfg.uci_splits):
             cell = Cell(cfg.uci_dataset, split, method)
             uci_data.load(cfg.uci_dataset, split)  # reading the files is not the cell's computation
-            row = timed_call(lambda cell=cell: uci._compute_cell(key, ucfg, cell))
+            row = timed_call(lambda cell=cell: uci.compute_cell(key, ucfg, cell))
             out.append({"stage": f"UCI cell {method}", "call": call + 1, "detail": f"{cfg.uci_dataset} split {split}",
                         **row})
     return out

@@ -6,7 +6,8 @@
   over chains inside ``jax.lax.scan`` over steps); only the kept states are stored, so chains of hundreds of
   thousands of steps on models with tens of thousands of parameters fit in memory.
 - :func:`nuts_model`: NumPyro's NUTS on the same flattened log joint (a faster reference where gradients help);
-  :func:`nuts` runs it on any log density of flat vectors (e.g. a classification likelihood).
+  :func:`nuts` runs it on any log density of flat vectors (e.g. a classification likelihood), with
+  :func:`prior_starts` for starting points and :func:`unravel_draws` to turn its flat draws into parameters.
 - :func:`sghmc_model`: scale-adapted stochastic-gradient HMC (Springenberg et al., 2016), the paper's SGHMC
   baseline on UCI (restarts from prior draws, an adapting burn-in, then thinned draws; minibatch gradients);
   its kernel :func:`sghmc_init` / :func:`sghmc_step` (state :class:`SGHMCState`, :class:`SGHMCHyper`) works on
@@ -30,7 +31,7 @@ Example::
 
 from __future__ import annotations
 
-from ._common import MCMCResult, log_density_fn
+from ._common import MCMCResult, log_density_fn, prior_starts, unravel_draws
 from .diagnostics import ess, predictive_diagnostics, rhat
 from .mh import metropolis, metropolis_model
 from .nuts import nuts, nuts_model
@@ -48,8 +49,10 @@ __all__ = [
     "nuts",
     "nuts_model",
     "predictive_diagnostics",
+    "prior_starts",
     "rhat",
     "sghmc_init",
     "sghmc_model",
     "sghmc_step",
+    "unravel_draws",
 ]

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..ensemble import check_data
-from ..models import Model, Params, template, zeros
+from ..checks import check_data
+from ..models import Model, Params, float_dtype, template, zeros
 from ..perturb import log_joint
 
-__all__ = ["MCMCResult", "log_density_fn"]
+__all__ = ["MCMCResult", "log_density_fn", "prior_starts", "unravel_draws"]
 
 class MCMCResult(NamedTuple):
     """What :func:`metropolis_model` and :func:`nuts_model` return.
@@ -127,7 +127,7 @@ def log_density_fn(
         vector ``theta`` of length ``m``, and ``unravel(theta)`` -> the parameter pytree.
     """
     x, y = jnp.asarray(x), jnp.asarray(y)
-    dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.floating) else jnp.float64
+    dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.floating) else float_dtype()
     x = x.astype(dtype) if not jnp.issubdtype(x.dtype, jnp.floating) else x
     y = y.astype(dtype)
     noise_var = jnp.asarray(noise_var, dtype)
@@ -142,7 +142,15 @@ def log_density_fn(
 # ------------------------------------------------------------------------------------ Metropolis-Hastings
 
 
-def _unravel_draws(model: Model, flat: Any) -> Params:
+def prior_starts(key: jax.Array, model: Model, n_chains: int, dtype: Any = None) -> jax.Array:
+    """``(n_chains, m)`` independent prior draws of ``model``'s parameters as flat vectors (in
+    :func:`models.ravel` order): the starting points the samplers use when no ``init`` is given, for a
+    sampler of one's own log density (e.g. :func:`nuts` on a classification likelihood). ``dtype`` as
+    :func:`~bootens_core.models.float_dtype`."""
+    return _flat_init(key, model, None, n_chains, float_dtype(dtype))
+
+
+def unravel_draws(model: Model, flat: Any) -> Params:
     """``(C, n, m)`` flat draws -> a pytree with numpy leaves of leading axes ``(C, n)`` (host-side inverse of
     :func:`models.ravel`: leaves in tree order, each raveled in C order)."""
     flat = np.asarray(flat)

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import Model, Params
+from ..driver import Chunk, run_chunks
+from ..models import Model, Params, float_dtype
 from ._common import (
     MCMCResult,
     _check_initial,
@@ -18,7 +19,7 @@ from ._common import (
     _flat_init,
     _positive,
     _prepare,
-    _unravel_draws,
+    unravel_draws,
     log_density_fn,
 )
 
@@ -125,7 +126,7 @@ def metropolis(
     scale = math.sqrt(_positive("proposal_var", proposal_var))
     init = jnp.asarray(init)
     if not jnp.issubdtype(init.dtype, jnp.floating):
-        init = init.astype(jnp.float64)
+        init = init.astype(float_dtype())
     if init.ndim != 2 or init.shape[0] < 1 or init.shape[1] < 1:
         raise ValueError(f"init must have shape (n_chains, m) with n_chains, m >= 1, got {init.shape}")
     n_steps = burn_in + n_draws * thin
@@ -142,42 +143,38 @@ def metropolis(
     scale = jnp.asarray(scale, init.dtype)
     u32 = jnp.uint32
 
-    if not progress:
-        state, (positions, logps) = run(
-            chain_keys, state, scale, u32(burn_in), u32(burn_in + thin), u32(thin), n_draws, n_draws
-        )
-    else:
-        from tqdm.auto import tqdm
+    def advance(state, first, every, n_valid, n_keep):
+        return run(chain_keys, state, scale, u32(burn_in), first, every, n_valid, n_keep)
 
+    # A chunk's arguments: steps to its first kept state, steps between kept states, kept states, slots.
+    if not progress:
+        plan, kept_per_chunk = [Chunk((u32(burn_in + thin), u32(thin), n_draws, n_draws), n_steps)], [n_draws]
+    else:
         # About _PROGRESS_CHUNKS calls of the same compiled driver, each of at most `chunk` steps (or one
         # thinning interval): a call either advances without keeping (inside the burn-in or a long thinning
         # interval) or runs to the next kept state and keeps it and the ones that follow within the chunk.
         chunk = max(1, math.ceil(n_steps / _PROGRESS_CHUNKS))
         n_keep = min(n_draws, 1 + chunk // thin)
-        kept_pos, kept_lp = [], []
-        bar = tqdm(total=n_steps, desc=progress if isinstance(progress, str) else "MH", unit="step")
-        try:
-            t = kept = 0
-            while kept < n_draws:
-                next_keep = burn_in + thin * (kept + 1)
-                if t + chunk < next_keep:
-                    state, _ = run(chain_keys, state, scale, u32(burn_in), u32(chunk), u32(0), 1, n_keep)
-                    advanced = chunk
-                else:
-                    n = min(n_keep, n_draws - kept, 1 + (t + chunk - next_keep) // thin)
-                    state, (pos, lp) = run(
-                        chain_keys, state, scale, u32(burn_in), u32(next_keep - t), u32(thin), n, n_keep
-                    )
-                    kept_pos.append(pos[:n])
-                    kept_lp.append(lp[:n])
-                    kept += n
-                    advanced = next_keep - t + (n - 1) * thin
-                jax.block_until_ready(state.position)
-                t += advanced
-                bar.update(advanced)
-        finally:
-            bar.close()
-        positions, logps = jnp.concatenate(kept_pos), jnp.concatenate(kept_lp)
+        plan, kept_per_chunk = [], []
+        t = kept = 0
+        while kept < n_draws:
+            next_keep = burn_in + thin * (kept + 1)
+            if t + chunk < next_keep:
+                plan.append(Chunk((u32(chunk), u32(0), 1, n_keep), chunk))
+                kept_per_chunk.append(0)
+            else:
+                n = min(n_keep, n_draws - kept, 1 + (t + chunk - next_keep) // thin)
+                plan.append(Chunk((u32(next_keep - t), u32(thin), n, n_keep), next_keep - t + (n - 1) * thin))
+                kept_per_chunk.append(n)
+                kept += n
+            t += plan[-1].steps
+    state, outputs = run_chunks(advance, state, plan, progress=progress, label="MH")
+    kept_out = [(pos[:n], lp[:n]) for (pos, lp), n in zip(outputs, kept_per_chunk, strict=True) if n]
+    if len(kept_out) == 1:
+        positions, logps = kept_out[0]
+    else:
+        positions = jnp.concatenate([pos for pos, _ in kept_out])
+        logps = jnp.concatenate([lp for _, lp in kept_out])
 
     accept_rate = np.asarray(state.n_accepted, np.float64) / (n_draws * thin)
     accept_burn = (
@@ -205,7 +202,7 @@ def metropolis_model(
     thin: int,
     init: Params | None = None,
     progress: bool | str = False,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
 ) -> MCMCResult:
     """Random-walk MH (:func:`metropolis`) on the posterior of ``model`` given ``(x, y)``.
 
@@ -215,17 +212,19 @@ def metropolis_model(
     Args:
         key: PRNG key, split into the initialisation key and the chains' key.
         model: the model and its prior.
-        x, y: training data, validated by :func:`ensemble.check_data` (no NaN/Inf).
+        x, y: training data, validated by :func:`~bootens_core.checks.check_data` (no NaN/Inf).
         noise_var: likelihood variance ``sigma^2``.
         n_chains: number of independent chains (restarts).
         proposal_var, n_draws, burn_in, thin, progress: see :func:`metropolis`.
         init: a parameter pytree whose leaves have a leading ``n_chains`` axis.
-        dtype: float dtype of data and chains (float32 for large networks).
+        dtype: float dtype of data and chains (float32 for large networks); default JAX's default float,
+            see :func:`~bootens_core.models.float_dtype`.
     """
     n_chains = _count("n_chains", n_chains, 1)
     _count("n_draws", n_draws, 1), _count("thin", thin, 1), _count("burn_in", burn_in, 0)
     _positive("proposal_var", proposal_var)
     k_init, k_chains = jax.random.split(key)
+    dtype = float_dtype(dtype)
     x, y, noise_var = _prepare(x, y, noise_var, dtype)
     log_density, _ = log_density_fn(model, x, y, noise_var)
     flat0 = _flat_init(k_init, model, init, n_chains, dtype)
@@ -246,7 +245,7 @@ def metropolis_model(
         f"burn-in {int(burn_in)}, thin {int(thin)}"
     )
     return MCMCResult(
-        params=_unravel_draws(model, draws),
+        params=unravel_draws(model, draws),
         log_density=np.asarray(logps),
         accept_rate=np.asarray(acc, np.float64),
         info=info,

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import Model, Params
-from ._common import MCMCResult, _check_initial, _count, _flat_init, _prepare, _unravel_draws, log_density_fn
+from ..models import Model, Params, float_dtype
+from ._common import MCMCResult, _check_initial, _count, _flat_init, _prepare, unravel_draws, log_density_fn
 
 __all__ = ["nuts", "nuts_model"]
 
@@ -26,7 +26,7 @@ def nuts(
     target_accept: float = 0.8,
     max_tree_depth: int = 10,
     progress: bool = False,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
 ) -> tuple[np.ndarray, dict, np.ndarray, np.ndarray, str]:
     """NumPyro's NUTS on any log density of flat vectors, one chain per row of ``init``.
 
@@ -35,7 +35,8 @@ def nuts(
 
     Args:
         key: the sampler's PRNG key.
-        log_density: ``log p(theta)`` (unnormalised) of a vector ``theta`` of length ``m``, in ``dtype``.
+        log_density: ``log p(theta)`` (unnormalised) of a vector ``theta`` of length ``m``, in ``dtype``
+            (default JAX's default float, see :func:`~bootens_core.models.float_dtype`).
         init: ``(n_chains, m)`` starting points; the log density must be finite at each.
         n_warmup, n_draws, target_accept, max_tree_depth, progress: as in :func:`nuts_model`.
 
@@ -55,6 +56,7 @@ def nuts(
     target_accept = float(target_accept)
     if not 0 < target_accept < 1:
         raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
+    dtype = float_dtype(dtype)
     flat0 = jnp.asarray(init, dtype)
     if flat0.ndim != 2:
         raise ValueError(f"init must have shape (n_chains, m), got {flat0.shape}")
@@ -121,7 +123,7 @@ def nuts_model(
     max_tree_depth: int = 10,
     init: Params | None = None,
     progress: bool = False,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
 ) -> MCMCResult:
     """NumPyro's NUTS on the posterior of ``model``, with ``potential_fn = -log p(D, theta)`` on flat vectors.
 
@@ -139,6 +141,7 @@ def nuts_model(
     """
     n_chains = _count("n_chains", n_chains, 1)
     k_init, k_sampler = jax.random.split(key)
+    dtype = float_dtype(dtype)
     x, y, noise_var = _prepare(x, y, noise_var, dtype)
     log_density, _ = log_density_fn(model, x, y, noise_var)
     flat0 = _flat_init(k_init, model, init, n_chains, dtype)
@@ -147,7 +150,7 @@ def nuts_model(
         max_tree_depth=max_tree_depth, progress=progress, dtype=dtype,
     )
     return MCMCResult(
-        params=_unravel_draws(model, samples),
+        params=unravel_draws(model, samples),
         log_density=log_dens,
         accept_rate=accept,
         info=info,

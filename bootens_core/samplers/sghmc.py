@@ -57,7 +57,7 @@ draws do not depend on how the run is cut into chunks (progress bar or not).
 
 **Divergence.** Steps too large for the posterior's curvature make a restart overflow to NaN/Inf; the first
 step at which a restart's position is non-finite is tracked on the device. By default :func:`sghmc_model`
-raises :class:`~bootens_core.ensemble.DivergedParticlesError` (as :func:`ensemble.train` does);
+raises :class:`~bootens_core.checks.DivergedParticlesError` (as :func:`ensemble.train` does);
 ``on_diverged="report"`` returns and flags them in ``info["diverged"]``.
 
 Example::
@@ -83,8 +83,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..ensemble import DivergedParticlesError
-from ..models import Model, Params, prior_logpdf, zeros
+from ..checks import DivergedParticlesError
+from ..driver import Chunk, run_chunks
+from ..models import Model, Params, float_dtype, prior_logpdf, zeros
 from ..perturb import gaussian_loglik
 from ._common import (
     MCMCResult,
@@ -93,7 +94,7 @@ from ._common import (
     _flat_init,
     _positive,
     _prepare,
-    _unravel_draws,
+    unravel_draws,
     log_density_fn,
 )
 
@@ -308,7 +309,7 @@ def sghmc_model(
     init: Params | None = None,
     on_diverged: str = "raise",
     progress: bool | str = False,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
 ) -> MCMCResult:
     """Scale-adapted SGHMC on the posterior of ``model`` given ``(x, y)``: likelihood ``N(y | f(theta, x),
     noise_var)`` and the model's diagonal Gaussian prior (the log joint of :func:`log_density_fn`).
@@ -321,7 +322,7 @@ def sghmc_model(
     Args:
         key: PRNG key (its use is documented in the module docstring).
         model: the model and its prior.
-        x, y: training data, validated by :func:`ensemble.check_data` (shapes, no NaN/Inf).
+        x, y: training data, validated by :func:`~bootens_core.checks.check_data` (shapes, no NaN/Inf).
         noise_var: likelihood variance ``sigma^2``, scalar or one per point.
         n_restarts: independent chains (the paper: 10).
         n_draws: kept states per restart (the paper: 20, i.e. 200 in all).
@@ -336,10 +337,11 @@ def sghmc_model(
             ``lr / sqrt(N)`` on the per-point gradient); ``"sqrt_n"``: ``eps = lr / sqrt(N)`` on the full-data
             gradient; ``"sqrt_lr"``: ``eps = sqrt(lr)`` (``pybnn``). See the module docstring.
         init: a parameter pytree whose leaves have a leading ``n_restarts`` axis (starting points).
-        on_diverged: ``"raise"`` (default): raise :class:`~bootens_core.ensemble.DivergedParticlesError` if a
+        on_diverged: ``"raise"`` (default): raise :class:`~bootens_core.checks.DivergedParticlesError` if a
             restart's position became NaN/Inf; ``"report"``: return them, flagged in ``info["diverged"]``.
         progress: show a tqdm progress bar over the kept states (a string sets its label); same draws.
-        dtype: float dtype of data and chains (float32 for large networks).
+        dtype: float dtype of data and chains (float32 for large networks); default JAX's default float,
+            see :func:`~bootens_core.models.float_dtype`.
 
     Returns:
         :class:`MCMCResult` with ``params`` (leaves ``(n_restarts, n_draws, ...)``), ``log_density`` (the full-
@@ -364,6 +366,7 @@ def sghmc_model(
     n_steps = burn_in + n_draws * thin
     if n_steps > _MAX_STEPS:
         raise ValueError(f"burn_in + n_draws * thin = {n_steps} steps exceeds the limit of {_MAX_STEPS}")
+    dtype = float_dtype(dtype)
     x, y, noise_var = _prepare(x, y, noise_var, dtype)
     n = int(y.shape[0])
     if batch_size is None:
@@ -393,25 +396,18 @@ def sghmc_model(
     data = (x, y, jnp.broadcast_to(noise_var, y.shape))
     hyper = SGHMCHyper(jnp.asarray(eps, dtype), jnp.asarray(mdecay, dtype))
     i32 = jnp.int32
-    if not progress:
-        carry, positions = run(
-            noise_keys, batch_keys, carry, data, hyper, i32(burn_in), i32(burn_in + thin), i32(thin), n_draws
-        )
-    else:
-        from tqdm.auto import tqdm
 
-        kept = []
-        bar = tqdm(total=n_steps, desc=progress if isinstance(progress, str) else "SGHMC", unit="step")
-        try:
-            for i in range(n_draws):
-                first = burn_in + thin if i == 0 else thin
-                carry, pos = run(noise_keys, batch_keys, carry, data, hyper, i32(burn_in), i32(first), i32(thin), 1)
-                jax.block_until_ready(pos)
-                kept.append(pos)
-                bar.update(first)
-        finally:
-            bar.close()
-        positions = jnp.concatenate(kept)
+    def advance(carry, first, n_keep):
+        return run(noise_keys, batch_keys, carry, data, hyper, i32(burn_in), first, i32(thin), n_keep)
+
+    # A chunk's arguments: steps to its first kept state and the kept states (one per chunk with a bar).
+    if not progress:
+        plan = [Chunk((i32(burn_in + thin), n_draws), n_steps)]
+    else:
+        plan = [Chunk((i32(burn_in + thin if i == 0 else thin), 1), burn_in + thin if i == 0 else thin)
+                for i in range(n_draws)]
+    carry, outputs = run_chunks(advance, carry, plan, progress=progress, label="SGHMC")
+    positions = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs)
 
     draws = jnp.swapaxes(positions, 0, 1)  # (R, n_draws, m)
     first_bad = np.asarray(carry.first_bad)
@@ -454,7 +450,7 @@ def sghmc_model(
         f"burn-in {burn_in}, thin {thin}"
     )
     return MCMCResult(
-        params=_unravel_draws(model, draws),
+        params=unravel_draws(model, draws),
         log_density=np.asarray(logps),
         accept_rate=np.full(n_restarts, np.nan),
         info=info,

@@ -17,7 +17,6 @@ import numpy as np
 import optax
 import pytest
 
-import bootens_core  # noqa: F401  (x64)
 from bootens_core import ensemble, models
 from bootens_core.repro.config import UCI_LBFGS_LINESEARCHES, UCIConfig
 from bootens_core.repro.experiments import uci

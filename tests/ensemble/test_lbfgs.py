@@ -21,7 +21,6 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
-import bootens_core  # noqa: F401  (x64)
 from bootens_core import ensemble
 from bootens_core.ensemble.lbfgs import TorchLBFGSState, torch_lbfgs
 from bootens_core.models import mlp

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
-    import bootens_core  # float64, as in the test session
     import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)  # float64, as in the test session
     from jax.sharding import NamedSharding, PartitionSpec as P
     from bootens_core import ensemble, models
 

@@ -200,7 +200,7 @@ def test_cli_budget_too_small_lists_everything_remaining(tmp_path, monkeypatch, 
     def never(*args, **kwargs):
         raise AssertionError("a cell was started")
 
-    monkeypatch.setattr(uci, "_compute_cell", never)
+    monkeypatch.setattr(uci, "compute_cell", never)
     pack = tmp_path / "back" / "cells-0.tar.gz"
     argv = ["run", "uci", "--profile", "quick", "--quiet", "--datasets", "yacht", "--methods", "ensemble-1",
             "mcd-1", "--set", "max_splits=2", "--time-budget", "5", "--pack", str(pack),

@@ -21,9 +21,8 @@ import numpy as np
 from ... import classification, ensemble, samplers, metrics, models
 from ...baselines import dropout
 from .. import store
-from ..config import ClassificationConfig
+from ..config import ClassificationConfig, require_x64
 from ...data import synthetic, tabular
-from ...samplers._common import _flat_init, _unravel_draws
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "run", "agreement"]
 
@@ -39,6 +38,7 @@ def run(
     key: jax.Array, cfg: ClassificationConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
     """Run both parts (module docstring); summary keys in the README."""
+    require_x64("classification")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 
@@ -95,12 +95,12 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         probs[name] = classification.predict_proba(model, params, x_grid, fit.targets.offset)[:, :, 1]
 
     log_density, _ = classification.log_density_fn(model, data.x, data.labels)
-    init = _flat_init(k_init, model, None, cfg.nuts_chains, jnp.float64)
+    init = samplers.prior_starts(k_init, model, cfg.nuts_chains, jnp.float64)
     samples, info, _, accept, sampler = samplers.nuts(
         k_nuts, log_density, init, n_warmup=cfg.nuts_warmup, n_draws=cfg.nuts_draws,
         target_accept=cfg.nuts_target_accept, max_tree_depth=cfg.nuts_max_tree_depth, progress=progress,
     )
-    draws = _unravel_draws(model, samples)
+    draws = samplers.unravel_draws(model, samples)
     flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), draws)
     p_nuts = classification.predict_proba(model, flat, x_grid, np.zeros(2))[:, :, 1]
     p_chains = p_nuts.reshape(cfg.nuts_chains, cfg.nuts_draws, -1)

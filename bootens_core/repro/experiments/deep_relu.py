@@ -17,7 +17,7 @@ import numpy as np
 
 from ... import ensemble, samplers, models
 from .. import store
-from ..config import DeepReluConfig
+from ..config import DeepReluConfig, require_x64
 from ...data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise"]
@@ -32,6 +32,7 @@ def run(
     key: jax.Array, cfg: DeepReluConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
     """Run the deep-ReLU experiment (see the module docstring); summary keys in the README."""
+    require_x64("deep-relu")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 

@@ -18,7 +18,7 @@ from scipy import stats
 from ... import ensemble, models
 from ...exact import linear
 from .. import store
-from ..config import LinearConfig
+from ..config import LinearConfig, require_x64
 from ...data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "trig_model", "gradient_ascent_at"]
@@ -33,6 +33,7 @@ def run(
     key: jax.Array, cfg: LinearConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
     """Run the linear-regression experiment (see the module docstring); summary keys in the README."""
+    require_x64("linear")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 

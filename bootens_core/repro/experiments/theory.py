@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ... import ensemble, models
 from ...exact import linear, theory
 from .. import store
-from ..config import TheoryConfig
+from ..config import TheoryConfig, require_x64
 from ...data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "SETTINGS", "record_steps"]
@@ -33,6 +33,7 @@ def run(
     key: jax.Array, cfg: TheoryConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
     """Run the theory experiment (see the module docstring); summary keys in the README."""
+    require_x64("theory")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 

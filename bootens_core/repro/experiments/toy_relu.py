@@ -37,7 +37,7 @@ from tqdm import tqdm
 from ...exact import density
 from ... import ensemble, samplers, models, perturb
 from .. import store
-from ..config import ToyReluConfig
+from ..config import ToyReluConfig, require_x64
 from ...data import synthetic
 
 if TYPE_CHECKING:
@@ -567,6 +567,7 @@ def run(
     key: jax.Array, cfg: ToyReluConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
     """Run the toy-ReLU experiment (see the module docstring); summary keys in the README."""
+    require_x64("toy-relu")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 

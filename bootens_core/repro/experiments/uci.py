@@ -63,7 +63,7 @@ import optax
 from .. import cellpack, harness, store
 from ...baselines import dropout
 from ... import ensemble, samplers, models
-from ..config import UCI_METHODS, UCIConfig, as_dict
+from ..config import UCI_METHODS, UCIConfig, as_dict, require_x64
 from ...data import uci
 from ..harness import Cell, Method
 from ...metrics import Prediction
@@ -74,6 +74,8 @@ __all__ = [
     "ARTEFACTS",
     "Config",
     "run",
+    "store_dir",
+    "compute_cell",
     "cells",
     "expand_methods",
     "method",
@@ -370,7 +372,7 @@ def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
 
 
 # What decides a cell's numbers. Common to every cell: the protocol (harness, metrics, the loader), the
-# fields below and the code of _compute_cell / _cell_key. Per method family: the config fields it reads, the
+# fields below and the code of compute_cell / _cell_key. Per method family: the config fields it reads, the
 # package modules it runs and the source of its builder above. Cells are stored per family under a folder
 # named by a hash of all that, so an edit to one method (or a new method) keeps the others' finished cells.
 _COMMON_FIELDS = ("seed", "noise_grid", "val_fraction")
@@ -407,7 +409,7 @@ def settings_fields(method_ids: Iterable[str]) -> tuple[str, ...]:
 def _family_hash(cfg: UCIConfig, family: str) -> str:
     fields, sources = _FAMILIES[family]
     values = {k: v for k, v in as_dict(cfg).items() if k in _COMMON_FIELDS + fields}
-    code = "".join(inspect.getsource(f) for f in (_compute_cell, _cell_key, _BUILDERS[family]))
+    code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _BUILDERS[family]))
     blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + sources), "code": code},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -426,7 +428,7 @@ class _CellStore(harness.CellStore):
         return self.root / cell.dataset / f"{cell.method}-{self._hash[family]}" / f"split-{cell.split}.json"
 
 
-def _store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
+def store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
     """The cell store of a run's key (the method families' folders inside keep the rest apart; the selection
     of datasets, methods and splits and the number of workers do not change a cell, so runs of subsets share
     cells)."""
@@ -435,10 +437,11 @@ def _store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
 
 
 def _cell_store(key: jax.Array, cfg: UCIConfig) -> harness.CellStore:
-    return _CellStore(_store_dir(key, cfg), cfg)
+    return _CellStore(store_dir(key, cfg), cfg)
 
 
-def _compute_cell(key: jax.Array, cfg: UCIConfig, cell: Cell) -> dict[str, Any]:
+def compute_cell(key: jax.Array, cfg: UCIConfig, cell: Cell) -> dict[str, Any]:
+    """One table cell computed (never read from the cell store): the record :func:`run` stores for it."""
     data = uci.load(cell.dataset, cell.split)
     m = method(cell.method, cfg, cell.dataset, data.x_train.shape[1], data.y_std)
     return harness.run_cell(
@@ -450,11 +453,12 @@ def run(
     key: jax.Array, cfg: UCIConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
     """Run (or resume) every cell of ``cfg`` and summarise them against the paper (summary keys: README)."""
+    require_x64("uci")
     import time
 
     all_cells = cells(cfg)
     start = time.perf_counter()
-    root = _store_dir(key, cfg)
+    root = store_dir(key, cfg)
     if not use_cache:
         import tempfile
 
@@ -1311,12 +1315,12 @@ def _cell_provenance() -> dict[str, Any]:
 
 
 def _timed_cell(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cell: Cell) -> dict[str, Any]:
-    """:func:`_compute_cell` plus, beside the record's fields, ``compile_s`` / ``compiles`` (XLA compilations in
+    """:func:`compute_cell` plus, beside the record's fields, ``compile_s`` / ``compiles`` (XLA compilations in
     this cell's thread) and ``provenance`` (``prov`` + the cell's whole elapsed seconds, data loading included,
     and when it finished)."""
     start = time.perf_counter()
     with cellpack.CompileTimer() as timer:
-        rec = _compute_cell(key, cfg, cell)
+        rec = compute_cell(key, cfg, cell)
     rec["compile_s"] = float(timer.seconds)
     rec["compiles"] = int(timer.compiles)
     rec["provenance"] = {**prov, "elapsed_s": time.perf_counter() - start,
@@ -1392,7 +1396,7 @@ def run_pending(
     t0 = clock() if start is None else float(start)
     all_cells = priority(cells(cfg))
     mine = cellpack.shard(all_cells, *shard)
-    root = Path(root) if root is not None else _store_dir(key, cfg)
+    root = Path(root) if root is not None else store_dir(key, cfg)
     cell_store = _CellStore(root, cfg)
     prov = _cell_provenance()
     times = cellpack.CellTimes(functools.partial(cost_units, cfg=cfg), device=str(prov["device"]["kind"]),
@@ -1482,7 +1486,7 @@ def fold(
     ``ValueError`` -- unless ``force``, which stores them under the current hash. A later pack's cell replaces
     an earlier one's and a stored one. A malformed pack or cell is a one-line ``ValueError``.
     """
-    root = Path(root) if root is not None else _store_dir(key, cfg)
+    root = Path(root) if root is not None else store_dir(key, cfg)
     cell_store = _CellStore(root, cfg)
     wanted = set(cells(cfg))
     staged: dict[Cell, dict[str, Any]] = {}

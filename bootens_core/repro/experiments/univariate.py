@@ -9,7 +9,7 @@ from scipy import stats
 from ... import ensemble, models
 from ...exact import linear
 from .. import store
-from ..config import UnivariateConfig
+from ..config import UnivariateConfig, require_x64
 from ...data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run"]
@@ -29,6 +29,7 @@ def run(
     particles, ``ks_pvalue`` of their Kolmogorov-Smirnov test against the exact posterior, and the
     Monte-Carlo scale of each (what k exact samples would give).
     """
+    require_x64("univariate")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
 

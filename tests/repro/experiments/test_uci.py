@@ -335,7 +335,7 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
     p = paths(UCIConfig(val_fraction=0.25))
     assert all(p[m] != p0[m] for m in UCI_METHODS)
     # the run's key chooses the root
-    assert experiment._store_dir(jax.random.key(0), base) != experiment._store_dir(jax.random.key(1), base)
+    assert experiment.store_dir(jax.random.key(0), base) != experiment.store_dir(jax.random.key(1), base)
 
 
 @needs_mirror
@@ -348,7 +348,7 @@ def test_mcd_cell_on_yacht(monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
     cfg = UCIConfig(mcd_epochs_x=1, mcd_samples=50, width=8)
     cell = harness.Cell("yacht", 0, "mcd-1")
-    rec = experiment._compute_cell(jax.random.key(0), cfg, cell)
+    rec = experiment.compute_cell(jax.random.key(0), cfg, cell)
     grid = dropout.protocol_grid("yacht")
     info = rec["info"]
     assert info["dropout"] in grid.dropout_rates and info["tau"] in grid.tau_values
@@ -367,7 +367,7 @@ def test_sghmc_cell_on_yacht(monkeypatch):
 
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
     cfg = UCIConfig(width=8, sghmc_restarts=2, sghmc_draws=3, sghmc_burn_in=50, sghmc_thin=5, noise_grid=(0.01, 0.1))
-    rec = experiment._compute_cell(jax.random.key(0), cfg, harness.Cell("yacht", 0, "sghmc-1"))
+    rec = experiment.compute_cell(jax.random.key(0), cfg, harness.Cell("yacht", 0, "sghmc-1"))
     assert (rec["method"], rec["hidden_layers"]) == ("sghmc", 1)
     assert rec["n_components"] + rec["diverged_particles"] == 2 * 3
     assert rec["noise_var_std_units"] in (0.01, 0.1) and len(rec["val_mnll"]) == 2
