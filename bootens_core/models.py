@@ -7,12 +7,14 @@ so every model here is a "Gaussian prior and likelihood" model in the sense of t
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "toy_relu",
     "float_dtype",
     "template",
+    "program_key",
     "zeros",
     "prior_sample",
     "prior_logpdf",
@@ -56,6 +59,10 @@ class Model(NamedTuple):
         features: for models linear in their parameters, ``features(x) -> (n, D)`` with
             ``apply({"w": w}, x) == features(x) @ w``; ``None`` otherwise.
         name: a short description, for plots and provenance.
+        signature: a hashable description of the function ``apply`` computes (the constructors here set one,
+            e.g. ``("mlp", 3, (50,), "relu", 1)``): models with equal signatures, shapes and prior variances
+            share compiled programs (:func:`program_key`). ``None`` (a model of one's own): ``apply`` itself
+            identifies the program, so the same model object reuses compilations.
     """
 
     apply: Callable[[Params, jax.Array], jax.Array]
@@ -63,6 +70,7 @@ class Model(NamedTuple):
     prior_var: Params
     features: Callable[[jax.Array], jax.Array] | None = None
     name: str = "model"
+    signature: Any = None
 
 
 def float_dtype(dtype: Any = None) -> jnp.dtype:
@@ -114,6 +122,16 @@ def template(model: Model, dtype: Any = None) -> Params:
     return jax.tree_util.tree_map_with_path(leaf, model.shapes, is_leaf=is_leaf)
 
 
+def program_key(model: Model) -> tuple:
+    """What decides the programs compiled for ``model``: its signature (else its ``apply`` function), the
+    structure and shapes of its parameters, and its prior variances (compiled in as constants). Two models
+    with equal keys compute the same thing, so the library's caches of compiled functions key on this rather
+    than on the model object."""
+    leaves, treedef = jax.tree.flatten(template(model))
+    ident = model.apply if model.signature is None else model.signature
+    return (ident, str(treedef), tuple(leaf.shape for leaf in leaves), repr(model.prior_var))
+
+
 def mlp(
     in_dim: int,
     hidden: Sequence[int] = (50,),
@@ -155,13 +173,16 @@ def mlp(
         return out[:, 0] if out_dim == 1 else out
 
     name = f"MLP {in_dim}-{'-'.join(map(str, hidden))}{'-' if hidden else ''}{out_dim} ({activation})"
-    return Model(apply=apply, shapes=shapes, prior_var=prior_var, name=name)
+    signature = ("mlp", int(in_dim), tuple(int(w) for w in hidden), activation, int(out_dim))
+    return Model(apply=apply, shapes=shapes, prior_var=prior_var, name=name, signature=signature)
 
 
 def linear_in_features(
-    features: Callable[[jax.Array], jax.Array], n_features: int, prior_var: float = 1.0, name: str = "linear"
+    features: Callable[[jax.Array], jax.Array], n_features: int, prior_var: float = 1.0, name: str = "linear",
+    signature: Any = None,
 ) -> Model:
-    """A Bayesian linear model ``f(x) = features(x) @ w`` with ``w ~ N(0, prior_var I)``."""
+    """A Bayesian linear model ``f(x) = features(x) @ w`` with ``w ~ N(0, prior_var I)``; ``signature``
+    describes ``features`` (see :class:`Model`; ``None``: the model object identifies it)."""
 
     def apply(params: Params, x: jax.Array) -> jax.Array:
         return features(x) @ params["w"]
@@ -172,6 +193,7 @@ def linear_in_features(
         prior_var={"w": float(prior_var)},
         features=features,
         name=name,
+        signature=None if signature is None else ("linear_in_features", signature),
     )
 
 
@@ -182,12 +204,16 @@ def trig_features(omega: jax.Array, prior_var: float = 1.0) -> Model:
     def features(x: jax.Array) -> jax.Array:
         return jnp.cos(jnp.reshape(x, (-1, 1)) * omega[None, :] - jnp.pi / 4)
 
-    return linear_in_features(features, omega.shape[0], prior_var, name=f"trig features (D={omega.shape[0]})")
+    host = np.asarray(omega)
+    digest = hashlib.sha256(host.tobytes()).hexdigest()
+    return linear_in_features(features, omega.shape[0], prior_var, name=f"trig features (D={omega.shape[0]})",
+                              signature=("trig", host.dtype.name, host.shape, digest))
 
 
 def scalar_linear(prior_var: float = 1.0) -> Model:
     """The one-weight model ``f(x) = w x`` of the paper's Figure 1."""
-    return linear_in_features(lambda x: jnp.reshape(x, (-1, 1)), 1, prior_var, name="f(x) = w x")
+    return linear_in_features(lambda x: jnp.reshape(x, (-1, 1)), 1, prior_var, name="f(x) = w x",
+                              signature="x")
 
 
 def toy_relu(prior_var: float = 1.0) -> Model:
@@ -197,7 +223,8 @@ def toy_relu(prior_var: float = 1.0) -> Model:
         x = jnp.reshape(x, (-1,))
         return jax.nn.relu(params["w"][0] * x) + jax.nn.relu(params["w"][1] * x)
 
-    return Model(apply=apply, shapes={"w": (2,)}, prior_var={"w": float(prior_var)}, name="ReLU(w1 x)+ReLU(w2 x)")
+    return Model(apply=apply, shapes={"w": (2,)}, prior_var={"w": float(prior_var)}, name="ReLU(w1 x)+ReLU(w2 x)",
+                 signature=("toy_relu",))
 
 
 def zeros(model: Model, dtype: Any = None) -> Params:

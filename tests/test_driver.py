@@ -53,3 +53,38 @@ def test_an_error_in_a_chunk_propagates_and_closes_the_bar(monkeypatch):
     with pytest.raises(RuntimeError, match="chunk 1 failed"):
         run_chunks(fail, 0, [Chunk((0,), 1), Chunk((1,), 1)], progress=True)
     assert closed == [True]
+
+
+def test_compile_counter_per_thread():
+    import threading
+
+    import jax
+
+    from bootens_core.driver import CompileCounter
+
+    def compile_once(n):
+        jax.jit(lambda v: v * 3 + n)(jnp.arange(n + 1.0)).block_until_ready()
+
+    with CompileCounter() as everywhere, CompileCounter(per_thread=True) as mine:
+        t = threading.Thread(target=compile_once, args=(17,))
+        t.start()
+        t.join()
+        assert mine.compiles == 0 and everywhere.compiles >= 1
+        compile_once(19)
+    assert mine.compiles >= 1 and everywhere.compiles >= 2
+
+
+def test_program_cache_keeps_the_most_recent():
+    from bootens_core.driver import ProgramCache
+
+    cache, built = ProgramCache(2), []
+
+    def build(name):
+        built.append(name)
+        return name
+
+    for key in ["a", "b", "a", "c", "b"]:
+        assert cache.get(key, lambda k=key: build(k)) == key
+    assert built == ["a", "b", "c", "b"]  # "b" was evicted by "c" ("a" had been used more recently)
+    assert len(cache) == 2 and cache.hits == 1
+    assert cache.get(["unhashable"], lambda: "built") == "built" and len(cache) == 2

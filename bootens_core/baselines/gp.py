@@ -373,6 +373,15 @@ def _scipy_minimize(gpflow: ModuleType, loss: Any, variables: Any, max_iter: int
     return int(result.nit), bool(result.success), int(result.nfev)
 
 
+def _isotropic_data(model: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """The model's ``(x, y, n)`` in float64 (``y`` a vector), after checking that its kernel has one
+    (isotropic) lengthscale, as the closed-form gradients assume."""
+    x, y = (np.asarray(t, dtype=np.float64) for t in model.data)
+    if np.ndim(model.kernel.lengthscales.numpy()) != 0:
+        raise ValueError("the closed-form gradient needs one (isotropic) lengthscale")
+    return x, y[:, 0], len(y)
+
+
 def _gpr_loss_closed_form_gradient(tf: ModuleType, gpflow: ModuleType, model: Any) -> Any:
     """``model.training_loss`` of a GPR with an isotropic squared-exponential kernel and zero mean, computed
     in numpy/LAPACK with its gradient in closed form (see :func:`fit_predict`, ``gradient="closed_form"``).
@@ -383,12 +392,7 @@ def _gpr_loss_closed_form_gradient(tf: ModuleType, gpflow: ModuleType, model: An
     ``K = s2 E + v I``, ``alpha = K^-1 y`` and ``G = d log N(y | 0, K) / dK = (alpha alpha^T - K^-1) / 2``:
     ``d/ds2 = sum(G * E)``, ``d/dv = trace(G)``, ``d/dl = s2 / l^3 sum(G * E * D)``.
     """
-    x, y = (np.asarray(t, dtype=np.float64) for t in model.data)
-    kernel, likelihood = model.kernel, model.likelihood
-    if np.ndim(kernel.lengthscales.numpy()) != 0:
-        raise ValueError("the closed-form gradient needs one (isotropic) lengthscale")
-    y = y[:, 0]
-    n = len(y)
+    x, y, n = _isotropic_data(model)
     sq = np.sum(x * x, axis=1)
     dist = np.asfortranarray(x @ x.T)
     dist *= -2.0
@@ -439,12 +443,7 @@ def _sgpr_loss_closed_form_gradient(tf: ModuleType, gpflow: ModuleType, model: A
     variance, the lengthscale and the inducing inputs through the kernel. ``S`` is never formed: with
     ``K_uu = L L'`` and ``B = I + L^-1 P L^-T / t`` (GPflow's ``B``), ``S = L B L'``.
     """
-    x, y = (np.asarray(t, dtype=np.float64) for t in model.data)
-    kernel, likelihood = model.kernel, model.likelihood
-    if np.ndim(kernel.lengthscales.numpy()) != 0:
-        raise ValueError("the closed-form gradient needs one (isotropic) lengthscale")
-    y = y[:, 0]
-    n = len(y)
+    x, y, n = _isotropic_data(model)
     sq_x = np.sum(x * x, axis=1)
     yy = float(y @ y)
     jitter = float(gpflow.config.default_jitter())
@@ -495,7 +494,7 @@ def _sgpr_loss_closed_form_gradient(tf: ModuleType, gpflow: ModuleType, model: A
                - (1.0 / ls**2) * (g_uf.sum(axis=1)[:, None] * z - g_uf @ x))
         return [np.float64(-elbo), np.float64(-d_s2), np.float64(-d_l), np.float64(-d_t), -d_z]
 
-    params = (kernel.variance, kernel.lengthscales, likelihood.variance, model.inducing_variable.Z)
+    params = (model.kernel.variance, model.kernel.lengthscales, model.likelihood.variance, model.inducing_variable.Z)
     return _numpy_loss(tf, model, evaluate, params)
 
 

@@ -1,53 +1,20 @@
 """Algorithm 1 of the paper: an ensemble of perturbed models, every particle trained at once.
 
-- :mod:`~bootens_core.ensemble.algorithm` the kernel -- :func:`init` draws the replicates and starting
-  particles (:class:`State`), :func:`step` moves every particle once (pure, jittable) -- and the drivers over
-  it (:func:`train`, :func:`train_grid`: chunked scan, snapshots, records, progress, sharding over devices)
-- :mod:`~bootens_core.ensemble.lbfgs`     ``torch.optim.LBFGS``'s algorithm as an optax transformation
+- :mod:`~bootens_core.ensemble.kernel`     the kernel: :func:`init` draws the replicates and starting
+  particles (:class:`State`), :func:`step` moves every particle once (pure, jittable)
+- :mod:`~bootens_core.ensemble.optimizers` the optimizers (:func:`optimizer`, :class:`Optimizer`)
+- :mod:`~bootens_core.ensemble.drivers`    :func:`train` and :func:`train_grid`, drivers over the kernel
+  (chunked scan, snapshots, records, progress, divergence, sharding)
+- :mod:`~bootens_core.ensemble.sharding`   the particle axis over devices and hosts
+- :mod:`~bootens_core.ensemble.lbfgs`      ``torch.optim.LBFGS``'s algorithm as an optax transformation
 """
 
 from __future__ import annotations
 
-from .algorithm import (
-    DivergedParticlesError,
-    EnsembleResult,
-    Info,
-    Optimizer,
-    State,
-    check_data,
-    check_finite,
-    gather,
-    init,
-    model_outputs,
-    optimizer,
-    particle_mesh,
-    particle_step,
-    predict,
-    replicate,
-    shard_particles,
-    step,
-    train,
-    train_grid,
-)
+from . import drivers, kernel, optimizers, sharding
+from .drivers import *  # noqa: F403
+from .kernel import *  # noqa: F403
+from .optimizers import *  # noqa: F403
+from .sharding import *  # noqa: F403
 
-__all__ = [
-    "Optimizer",
-    "optimizer",
-    "State",
-    "Info",
-    "EnsembleResult",
-    "DivergedParticlesError",
-    "check_data",
-    "check_finite",
-    "model_outputs",
-    "init",
-    "step",
-    "particle_step",
-    "train",
-    "train_grid",
-    "predict",
-    "particle_mesh",
-    "shard_particles",
-    "replicate",
-    "gather",
-]
+__all__ = [*optimizers.__all__, *kernel.__all__, *drivers.__all__, *sharding.__all__]

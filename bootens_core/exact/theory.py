@@ -36,7 +36,6 @@ Hutchinson estimates (Rademacher probes) otherwise: :func:`hessian_trace`.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -46,7 +45,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .linear import LinearGaussian
-from ..models import Model, Params, template, zeros
+from ..driver import ProgramCache
+from ..models import Model, Params, program_key, template, zeros
 from ..perturb import Perturbation, log_joint, perturbed_log_joint
 from ..perturb import sample as sample_perturbation
 
@@ -190,23 +190,7 @@ def _unravel_fn(model: Model, dtype: Any) -> tuple[int, Callable[[jax.Array], Pa
     return flat.shape[0], unravel
 
 
-def _model_key(model: Model) -> tuple:
-    return (model.apply, repr(model.shapes), repr(model.prior_var))
-
-
-_COMPILED: OrderedDict[tuple, Callable] = OrderedDict()
-
-
-def _cached(key: tuple, build: Callable[[], Callable]) -> Callable:
-    """A small LRU of compiled functions, so that repeated calls (one per snapshot) compile once."""
-    if key in _COMPILED:
-        _COMPILED.move_to_end(key)
-        return _COMPILED[key]
-    fn = build()
-    _COMPILED[key] = fn
-    while len(_COMPILED) > 32:
-        _COMPILED.popitem(last=False)
-    return fn
+_COMPILED = ProgramCache()  # repeated calls (one per snapshot) compile once
 
 
 def _terms_fn(
@@ -341,8 +325,8 @@ def particle_terms(
     # Heuristic floats per particle: Jacobian, probes/basis vectors, and their activations (~64 per point).
     per_particle = m * (width + n + 4) + width * max(n, 1) * 64
     batch = int(max(1, min(k, _CHUNK_FLOATS // max(per_particle, 1))))
-    fn = _cached(
-        (_model_key(model), str(dtype), resolved, int(n_probes), int(exact_max_dim), batch),
+    fn = _COMPILED.get(
+        (program_key(model), str(dtype), resolved, int(n_probes), int(exact_max_dim), batch),
         lambda: _terms_fn(model, dtype, resolved, int(n_probes), int(exact_max_dim), batch),
     )
     keys = jax.random.split(key, k)
@@ -483,7 +467,7 @@ def lemma1_check(
     theta, unravel = ravel_pytree(params)
     x, y, var = _check_xy(x, y, noise_var, theta.dtype)
     pert = sample_perturbation(key, model, y, var, int(n_perturbations))
-    compute = _cached(("lemma1", _model_key(model), str(theta.dtype)), lambda: _lemma1_fn(model, unravel))
+    compute = _COMPILED.get(("lemma1", program_key(model), str(theta.dtype)), lambda: _lemma1_fn(model, unravel))
     sq, grad_sq, grad_f_sq = (np.asarray(a, np.float64) for a in compute(theta, pert, x, y, var))
     mc_mean, mc_se = _mean_se(sq)
     correction = float(grad_f_sq) + _prior_trace(model)

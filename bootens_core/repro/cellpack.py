@@ -6,7 +6,8 @@ A short device window (minutes, a few files back) needs three things the plain r
 - **a budget**: :func:`run_budgeted` takes cells in the caller's priority order and starts one only when its
   estimated seconds fit in what is left of the budget (:func:`admissible`, which also counts the cells still
   running when several run at once), so the window ends with finished cells, none cut off. Estimates come from
-  measured cell times (:class:`CellTimes`); XLA compile seconds are counted per cell by :class:`CompileTimer`.
+  measured cell times (:class:`CellTimes`); XLA compile seconds are counted per cell by
+  :class:`bootens_core.driver.CompileCounter` (``per_thread=True``).
 - **shards**: :func:`shard` splits a cell list deterministically, so N hosts (or N windows) cover every cell
   exactly once (:func:`parse_shard` reads ``I/N``).
 - **packs**: :func:`write_pack` puts the finished cells' JSON files, under their store-relative paths, into one
@@ -27,7 +28,6 @@ import os
 import re
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -41,7 +41,6 @@ __all__ = [
     "MANIFEST_NAME",
     "parse_shard",
     "shard",
-    "CompileTimer",
     "Measurement",
     "measurement",
     "CellTimes",
@@ -85,64 +84,6 @@ def shard(cells: Sequence[Cell], index: int, count: int) -> list[Cell]:
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"shard {index}/{count}: needs 0 <= index < count")
     return [c for pos, c in enumerate(cells) if pos % count == index]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# compile seconds, per thread
-
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-_timers: dict[int, list[CompileTimer]] = {}
-_timers_lock = threading.Lock()
-_listening = False
-
-
-def _on_duration(event: str, duration: float, **_: Any) -> None:
-    if event in _COMPILE_EVENTS:
-        with _timers_lock:
-            for timer in _timers.get(threading.get_ident(), ()):
-                timer.seconds += duration
-                timer.compiles += event == _BACKEND_COMPILE
-
-
-class CompileTimer:
-    """Context manager: XLA compilations (``compiles``) and seconds spent tracing, lowering and compiling
-    (``seconds``) in the thread that opened it, from ``jax.monitoring``'s compile duration events (the events
-    :mod:`bootens_core.repro.profiling` counts).
-
-    Per thread, unlike :class:`bootens_core.repro.profiling.CompileCounter`: cells running at once in other threads
-    (``--workers``) do not add their compilations to this cell's count. JAX compiles in the thread that calls
-    the function being compiled.
-    """
-
-    def __init__(self) -> None:
-        self.compiles = 0
-        self.seconds = 0.0
-        self._thread = 0
-
-    def __enter__(self) -> CompileTimer:
-        global _listening
-        import jax
-
-        with _timers_lock:
-            if not _listening:
-                jax.monitoring.register_event_duration_secs_listener(_on_duration)
-                _listening = True
-            self._thread = threading.get_ident()
-            _timers.setdefault(self._thread, []).append(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        with _timers_lock:
-            mine = _timers.get(self._thread, [])
-            if self in mine:
-                mine.remove(self)
-            if not mine:
-                _timers.pop(self._thread, None)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ensemble, models
+from ..driver import CompileCounter
 from . import store
 from .config import ProfileConfig, UCIConfig
 
@@ -33,47 +33,6 @@ __all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step",
 
 NAME = "profile"
 Config = ProfileConfig
-
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-_active: list[CompileCounter] = []
-_lock = threading.Lock()
-_registered = False
-
-
-def _listener(event: str, duration: float, **_: Any) -> None:
-    if event in _COMPILE_EVENTS:
-        with _lock:
-            for counter in _active:
-                counter.seconds += duration
-                counter.compiles += event == _BACKEND_COMPILE
-
-
-class CompileCounter:
-    """Context manager counting XLA compilations (``compiles``) and the seconds spent tracing, lowering and
-    compiling (``seconds``) while it is open, in this process."""
-
-    def __init__(self) -> None:
-        self.compiles = 0
-        self.seconds = 0.0
-
-    def __enter__(self) -> CompileCounter:
-        global _registered
-        with _lock:
-            if not _registered:
-                jax.monitoring.register_event_duration_secs_listener(_listener)
-                _registered = True
-            _active.append(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        with _lock:
-            _active.remove(self)
-
 
 def timed_call(fn: Callable[[], Any]) -> dict[str, Any]:
     """Run ``fn()`` to completion; return ``{"wall_s", "compiles", "compile_s", "compute_s"}`` where

@@ -84,8 +84,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ..checks import DivergedParticlesError
-from ..driver import Chunk, run_chunks
-from ..models import Model, Params, float_dtype, prior_logpdf, zeros
+from ..driver import Chunk, ProgramCache, run_chunks
+from ..models import Model, Params, float_dtype, prior_logpdf, program_key, zeros
 from ..perturb import gaussian_loglik
 from ._common import (
     MCMCResult,
@@ -220,19 +220,14 @@ class _Carry(NamedTuple):
     first_bad: jax.Array
 
 
-_DRIVERS: dict[tuple, tuple[Callable, Callable]] = {}
-_MAX_DRIVERS = 16
+_DRIVERS = ProgramCache(16)
 
 
 def _drivers(model: Model, n: int, batch_size: int, dtype: Any) -> tuple[Callable, Callable]:
-    """``(run, log_densities)`` of :func:`_driver`, memoised per model function, prior, data size, batch size and
-    dtype, so that repeated runs on one model (restarts in chunks, a grid of noise variances) compile once."""
-    key = (model.apply, repr(model.shapes), repr(model.prior_var), n, batch_size, jnp.dtype(dtype).name)
-    if key not in _DRIVERS:
-        if len(_DRIVERS) >= _MAX_DRIVERS:
-            _DRIVERS.pop(next(iter(_DRIVERS)))
-        _DRIVERS[key] = _driver(model, n, batch_size, dtype)
-    return _DRIVERS[key]
+    """``(run, log_densities)`` of :func:`_driver`, cached by the model's program key, data size, batch size and
+    dtype, so that repeated runs (restarts in chunks, a grid of noise variances, equal models) compile once."""
+    key = (program_key(model), n, batch_size, jnp.dtype(dtype).name)
+    return _DRIVERS.get(key, lambda: _driver(model, n, batch_size, dtype))
 
 
 def _driver(model: Model, n: int, batch_size: int, dtype: Any) -> tuple[Callable, Callable]:

@@ -63,6 +63,7 @@ import optax
 from .. import cellpack, harness, store
 from ...baselines import dropout
 from ... import ensemble, samplers, models
+from ...driver import CompileCounter
 from ..config import UCI_METHODS, UCIConfig, as_dict, require_x64
 from ...data import uci
 from ..harness import Cell, Method
@@ -178,16 +179,13 @@ def cells(cfg: UCIConfig) -> list[Cell]:
     return out
 
 
-@functools.cache
 def _mlp(in_dim: int, layers: int, width: int, weight_var: float, bias_var: float, fan_in: bool) -> models.Model:
-    # One model object per architecture, so ensemble.train reuses its compiled driver across cells.
     return models.mlp(in_dim, (width,) * layers, "relu", weight_var=weight_var, bias_var=bias_var,
                       scale_by_fan_in=fan_in)
 
 
-@functools.cache
 def _lbfgs(step_size: float, memory: int, linesearch: str | None, iters_per_step: int) -> ensemble.Optimizer:
-    """The ensembles' L-BFGS for ``UCIConfig.lbfgs_linesearch`` (one object per setting: one compilation).
+    """The ensembles' L-BFGS for ``UCIConfig.lbfgs_linesearch``.
 
     ``None``/``"zoom"``: optax's L-BFGS (memory ``memory``), one iteration per step. ``"torch"``/
     ``"torch-strong-wolfe"``: ``torch.optim.LBFGS(lr=step_size, max_iter=iters_per_step,
@@ -381,14 +379,15 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ensemble": (
         ("n_particles", "width", "weight_var", "bias_var", "scale_by_fan_in", "lbfgs_steps",
          "lbfgs_iters_per_step", "lbfgs_step_size", "lbfgs_memory", "lbfgs_linesearch", "dtype"),
-        ("ensemble/algorithm.py", "models.py", "perturb.py", "ensemble/lbfgs.py"),
+        ("ensemble/kernel.py", "ensemble/drivers.py", "ensemble/optimizers.py", "ensemble/sharding.py",
+         "ensemble/lbfgs.py", "models.py", "perturb.py", "checks.py", "driver.py"),
     ),
     "gp": (("gp_max_iter", "svgp_datasets", "n_inducing"), ("baselines/gp.py",)),
     "mcd": (("width", "mcd_epochs_x", "mcd_samples"), ("baselines/dropout.py",)),
     "sghmc": (
         ("width", "weight_var", "bias_var", "scale_by_fan_in", "dtype", "sghmc_lr", "sghmc_mdecay", "sghmc_burn_in",
          "sghmc_thin", "sghmc_restarts", "sghmc_draws", "sghmc_batch_size", "sghmc_lr_scaling"),
-        ("samplers/sghmc.py", "samplers/_common.py", "models.py", "ensemble/algorithm.py"),
+        ("samplers/sghmc.py", "samplers/_common.py", "models.py", "checks.py", "driver.py"),
     ),
 }
 
@@ -1319,7 +1318,7 @@ def _timed_cell(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cell: Cell
     this cell's thread) and ``provenance`` (``prov`` + the cell's whole elapsed seconds, data loading included,
     and when it finished)."""
     start = time.perf_counter()
-    with cellpack.CompileTimer() as timer:
+    with CompileCounter(per_thread=True) as timer:
         rec = compute_cell(key, cfg, cell)
     rec["compile_s"] = float(timer.seconds)
     rec["compiles"] = int(timer.compiles)

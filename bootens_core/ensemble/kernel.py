@@ -1,0 +1,177 @@
+"""Algorithm 1's kernel: the replicates and starting particles (:func:`init`) and one step of every particle
+(:func:`step`), pure and jittable.
+
+Each particle ``i`` draws a replicate (perturbed labels ``y~_i``, prior anchor ``theta~_i``), starts at
+``theta_i = theta~_i`` (so the ensemble starts as a prior sample) and climbs its own perturbed log joint
+``log p~_i(theta) = log N(y~_i | f(x; theta), sigma^2) + log N(theta | theta~_i, prior)``
+(:func:`bootens_core.perturb.perturbed_log_joint`). :func:`step` moves every particle once: ``jax.vmap`` of
+the single-particle step :func:`particle_step` over the particle axis. :func:`bootens_core.ensemble.train`
+is a driver over these two (a ``lax.scan`` of :func:`step` in chunks, snapshots, records, progress,
+sharding); for a loop of your own (early stopping, a validation metric, your own ``lax.scan``)::
+
+    state = ensemble.init(key, model, y, 0.1, 200, opt)     # replicates and starting particles
+    step = jax.jit(functools.partial(ensemble.step, model=model, opt=opt, x=x, noise_var=0.1))
+    for t in range(400):
+        state, info = step(state)                            # info.loss: (200,) values of -log p~
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ..models import Model, Params, prior_sample
+from ..perturb import Perturbation, perturbed_log_joint
+from ..perturb import sample as sample_perturbation
+from .optimizers import Optimizer
+
+__all__ = ["State", "Info", "init", "step", "particle_step"]
+
+
+class State(NamedTuple):
+    """Algorithm 1's state: the particles (leading axis ``k``), their optimizer states, their replicates
+    (perturbed labels ``y~_i`` and prior anchors ``theta~_i``) and the number of steps taken."""
+
+    params: Params
+    opt_state: Any
+    perturbation: Perturbation
+    step: jax.Array
+
+
+class Info(NamedTuple):
+    """What one :func:`step` reports: ``loss``, ``(k,)`` values of ``-log p~`` of every particle before it."""
+
+    loss: jax.Array
+
+
+def init(
+    key: jax.Array,
+    model: Model,
+    y: jax.Array,
+    noise_var: float | jax.Array,
+    n_particles: int,
+    opt: Optimizer,
+    *,
+    perturb_labels: bool = True,
+    perturb_prior: bool = True,
+) -> State:
+    """Draw the replicates and the starting particles of Algorithm 1 (the state :func:`step` advances).
+
+    With ``perturb_prior`` the particles start at their anchors ``theta~`` (Algorithm 1, line 4); without it
+    the anchors are 0 (the plain prior) and the particles start at independent prior draws. Without
+    ``perturb_labels`` every particle sees the observed labels: both flags off give the *unperturbed*
+    ensemble of Section 4.2, whose particles all climb ``log p(D, theta)``.
+    """
+    if int(n_particles) < 1:
+        raise ValueError(f"n_particles must be at least 1, got {n_particles}")
+    k_pert, k_init = jax.random.split(key)
+    pert = sample_perturbation(k_pert, model, y, noise_var, n_particles)
+    if not perturb_labels:
+        pert = pert._replace(y=jnp.broadcast_to(y, pert.y.shape))
+    if perturb_prior:
+        params = pert.anchor
+    else:
+        pert = pert._replace(anchor=jax.tree.map(jnp.zeros_like, pert.anchor))
+        params = prior_sample(k_init, model, n_particles, dtype=y.dtype)
+    opt_state = jax.vmap(opt.tx.init)(params)
+    return State(params, opt_state, pert, jnp.zeros((), jnp.int32))
+
+
+def step(
+    state: State, model: Model, opt: Optimizer, x: jax.Array, noise_var: float | jax.Array, *,
+    noise_per_particle: bool = False,
+) -> tuple[State, Info]:
+    """One step of Algorithm 1 for every particle: ``theta_i <- theta_i + update of log p~_i`` (one
+    ``opt.update``).
+
+    Pure and jittable with ``model`` and ``opt`` closed over, e.g.
+    ``jax.jit(functools.partial(step, model=model, opt=opt))``, or inside your own ``jax.lax.scan``;
+    :func:`train` is a driver over :func:`init` and this function. ``x``: training inputs in the particles'
+    dtype; ``noise_var``: as for :func:`train`, or with ``noise_per_particle`` one variance per particle
+    ``(k,)`` (:func:`train_grid`). With a line search the value and gradient stored at the previous step are
+    reused (one gradient evaluation per step is saved; see :func:`particle_step`).
+    """
+    update = _ensemble_update(model, opt, 0 if noise_per_particle else None)
+    params, opt_state, loss = update(state.params, state.opt_state, state.perturbation, x, noise_var)
+    return State(params, opt_state, state.perturbation, state.step + 1), Info(loss)
+
+
+def particle_step(model: Model, opt: Optimizer) -> Callable[..., tuple[Params, Any, jax.Array]]:
+    """One step of ONE particle, ``(params, opt_state, perturbation, x, noise_var) -> (params, opt_state,
+    loss)``: minimise ``-log p~`` (i.e. ascend ``log p~``).
+
+    The reference for :func:`step`: ``jax.vmap`` of it takes the same steps. For an optimizer that reads the
+    loss value (the line-search L-BFGS), that ``vmap`` evaluates every particle's gradient at every step
+    (``optax.value_and_grad_from_state``'s ``lax.cond`` becomes a ``select``); :func:`step` checks the stored
+    values once per ensemble and evaluates nothing while they are finite.
+    """
+
+    def step_one(params, opt_state, pert, x, noise_var):
+        def loss_fn(p):
+            return -perturbed_log_joint(model, p, x, pert, noise_var)
+
+        if opt.needs_value:
+            value, grad = optax.value_and_grad_from_state(loss_fn)(params, state=opt_state)
+            updates, opt_state = opt.tx.update(
+                grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn
+            )
+        else:
+            value, grad = jax.value_and_grad(loss_fn)(params)
+            updates, opt_state = opt.tx.update(grad, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step_one
+
+
+def _ensemble_update(model: Model, opt: Optimizer, noise_axis: int | None = None):
+    """One step of every particle (leading axis ``k``), as ``jax.vmap`` of :func:`particle_step`.
+
+    With a line search, the value and gradient at the current particles are those the line search stored in
+    the optimizer state at the previous step; only where they are missing (the first step, or a non-finite
+    value) are they computed (``optax.value_and_grad_from_state``). Under ``vmap`` that function's
+    ``lax.cond`` on a per-particle predicate becomes a ``select`` that evaluates the gradient of every
+    particle at every step and throws it away. Here the check is made once for the whole ensemble: while every
+    particle's stored value is finite -- every step but the first, for a healthy ensemble -- nothing is
+    evaluated; otherwise the gradients are computed and the stored ones kept where finite, as per particle.
+    The particles are the same; one gradient evaluation per step is saved. (``"torch-lbfgs"`` stores them
+    when its outer step already evaluated them at its end -- always with strong Wolfe, never after a full
+    fixed-step outer step -- and ``+inf`` otherwise.)
+
+    ``noise_axis``: ``None`` when every particle sees the same ``noise_var``; ``0`` when ``noise_var`` holds one
+    variance per particle (:func:`train_grid`: a grid of ``sigma^2`` trained as one batch).
+    """
+    if not opt.needs_value:
+        return jax.vmap(particle_step(model, opt), in_axes=(0, 0, 0, None, noise_axis))
+
+    def loss_fn(p, pert, x, noise_var):
+        return -perturbed_log_joint(model, p, x, pert, noise_var)
+
+    value_and_grad_all = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, noise_axis))
+
+    def update_one(params, opt_state, pert, x, noise_var, value, grad):
+        def value_fn(p):
+            return loss_fn(p, pert, x, noise_var)
+
+        updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=value_fn)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, noise_axis, 0, 0))
+
+    def step_all(params, opt_state, pert, x, noise_var):
+        stored_value = optax.tree.get(opt_state, "value")
+        stored_grad = optax.tree.get(opt_state, "grad")
+        stored_ok = ~jnp.isinf(stored_value) & ~jnp.isnan(stored_value)
+
+        def fresh(_):
+            value, grad = value_and_grad_all(params, pert, x, noise_var)
+            keep = lambda s, f: jnp.where(stored_ok.reshape((-1,) + (1,) * (f.ndim - 1)), s, f)  # noqa: E731
+            return keep(stored_value, value), jax.tree.map(keep, stored_grad, grad)
+
+        value, grad = jax.lax.cond(jnp.all(stored_ok), lambda _: (stored_value, stored_grad), fresh, None)
+        return update_all(params, opt_state, pert, x, noise_var, value, grad)
+
+    return step_all

@@ -1,0 +1,133 @@
+"""The optimizers of the paper's experiments as optax transformations that minimise ``-log p~``
+(:func:`optimizer`), each with what decides its compiled programs (:meth:`Optimizer.program_key`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import optax
+
+__all__ = ["Optimizer", "optimizer"]
+
+
+class Optimizer(NamedTuple):
+    """An optax transformation that minimises ``-log p~``, and whether it needs the loss value.
+
+    ``iterations_per_step``: how many optimizer iterations one ``update`` -- one step of :func:`train` --
+    makes at most: 1 for every optax optimizer (one update = one iteration), ``max_iter`` for
+    ``"torch-lbfgs"`` (one update = one ``torch.optim.LBFGS.step(closure)``, an outer step of up to
+    ``max_iter`` iterations). :meth:`steps_for` turns an iteration budget into :func:`train`'s ``steps``.
+    ``signature``: a hashable description of ``tx`` (:func:`optimizer` sets its name and settings): optimizers
+    with equal signatures share compiled programs; ``None`` (a transformation of one's own): ``tx`` itself
+    identifies them.
+    """
+
+    tx: optax.GradientTransformation
+    needs_value: bool
+    description: str
+    iterations_per_step: int = 1
+    signature: Any = None
+
+    def program_key(self) -> Any:
+        """What decides the programs compiled for this optimizer: its signature, else ``tx`` itself."""
+        return (self.tx if self.signature is None else self.signature, self.needs_value, self.iterations_per_step)
+
+    def steps_for(self, iterations: int) -> int:
+        """The ``steps`` of :func:`train` that make ``iterations`` iterations: ``iterations / iterations_per_step``.
+
+        Raises ``ValueError`` unless ``iterations`` is a non-negative multiple of ``iterations_per_step``
+        (e.g. 640 iterations are 640 steps of optax's L-BFGS but 32 outer steps of ``torch-lbfgs`` with
+        ``max_iter=20``; 630 cannot be split into whole outer steps of 20).
+        """
+        per = int(self.iterations_per_step)
+        if isinstance(iterations, bool) or int(iterations) != iterations or iterations < 0:
+            raise ValueError(f"iterations must be a non-negative integer, got {iterations!r}")
+        if int(iterations) % per:
+            raise ValueError(
+                f"{int(iterations)} iterations are not a whole number of steps of {self.description}: one step "
+                f"makes up to {per} iterations"
+            )
+        return int(iterations) // per
+
+
+def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
+    """Build one of the optimizers of the paper's experiments.
+
+    Args:
+        name: ``"sgd"`` (plain gradient ascent on ``log p~``, Algorithm 1 as written), ``"adagrad"``
+            (kwargs ``initial_accumulator_value`` (optax default 0.1), ``eps``), ``"adam"``, ``"lbfgs"``
+            (optax's L-BFGS, one iteration per step; kwargs ``memory_size`` (default 10) and ``linesearch``:
+            ``None`` for fixed steps of size ``learning_rate`` along the L-BFGS direction, or ``"zoom"`` for
+            optax's zoom line search), or ``"torch-lbfgs"`` (``torch.optim.LBFGS(lr=learning_rate, ...)``,
+            :func:`bootens_core.ensemble.lbfgs.torch_lbfgs`: **one step is one outer** ``.step(closure)`` of up to
+            ``max_iter`` iterations -- ``iterations_per_step = max_iter``; kwargs as torch's: ``max_iter``
+            (20), ``max_eval``, ``tolerance_grad``, ``tolerance_change``, ``history_size`` (100),
+            ``line_search_fn`` (``None``: fixed step; ``"strong_wolfe"``) and ``max_ls``).
+        learning_rate: the step size ``h``.
+
+    Raises:
+        ValueError: for an unknown name or line search, or a bad learning rate or torch option;
+        TypeError: for an option the optimizer does not take.
+    """
+    lr = float(learning_rate)
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"learning rate must be a positive finite number, got {learning_rate!r}")
+    try:
+        signature = (name, lr, tuple(sorted(kwargs.items())))
+        hash(signature)
+    except TypeError:  # an unhashable option value: the transformation object identifies the programs
+        signature = None
+    return _optimizer(name, lr, kwargs)._replace(signature=signature)
+
+
+def _optimizer(name: str, lr: float, kwargs: dict[str, Any]) -> Optimizer:
+    if name == "sgd":
+        _no_extra(name, kwargs)
+        return Optimizer(optax.sgd(lr), False, f"gradient ascent, h={lr:g}")
+    if name == "adagrad":
+        acc = float(kwargs.pop("initial_accumulator_value", 0.1))
+        eps = float(kwargs.pop("eps", 1e-7))
+        _no_extra(name, kwargs)
+        return Optimizer(
+            optax.adagrad(lr, initial_accumulator_value=acc, eps=eps), False,
+            f"Adagrad, h={lr:g}, initial accumulator {acc:g}",
+        )
+    if name == "adam":
+        _no_extra(name, kwargs)
+        return Optimizer(optax.adam(lr), False, f"Adam, lr={lr:g}")
+    if name == "lbfgs":
+        memory = int(kwargs.pop("memory_size", 10))
+        search = kwargs.pop("linesearch", None)
+        _no_extra(name, kwargs)
+        if search is None:
+            tx = optax.lbfgs(learning_rate=lr, memory_size=memory, linesearch=None)
+            desc = f"L-BFGS (memory {memory}), fixed step {lr:g}, no line search"
+        elif search == "zoom":
+            tx = optax.lbfgs(learning_rate=lr, memory_size=memory)
+            desc = f"L-BFGS (memory {memory}), zoom line search, initial step {lr:g}"
+        else:
+            raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")
+        # Only the line search reads the loss value (and caches value and gradient in the state).
+        return Optimizer(tx, search is not None, desc)
+    if name == "torch-lbfgs":
+        from .lbfgs import torch_lbfgs
+
+        names = ("max_iter", "max_eval", "tolerance_grad", "tolerance_change", "history_size", "line_search_fn",
+                 "max_ls")
+        opts = {k: kwargs.pop(k) for k in names if k in kwargs}
+        _no_extra(name, kwargs)
+        tx = torch_lbfgs(lr, **opts)  # validates the options (ValueError naming the bad one)
+        max_iter = int(opts.get("max_iter", 20))
+        history = int(opts.get("history_size", 100))
+        search = opts.get("line_search_fn")
+        how = "fixed step" if search is None else "strong Wolfe line search, initial step"
+        desc = (f"torch.optim.LBFGS (history {history}), {how} {lr:g}, up to {max_iter} iterations per step")
+        # Every step starts from a loss value and gradient; with strong Wolfe the state caches them.
+        return Optimizer(tx, True, desc, max_iter)
+    raise ValueError(f"unknown optimizer {name!r}: choose sgd, adagrad, adam, lbfgs or torch-lbfgs")
+
+
+def _no_extra(name: str, kwargs: dict[str, Any]) -> None:
+    if kwargs:
+        raise TypeError(f"optimizer {name!r} does not take {sorted(kwargs)}")
