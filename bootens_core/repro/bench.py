@@ -558,7 +558,7 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
     peak = measure_peak_flops(k_peak, 2048 if platform == "cpu" else 8192, peak_repeats)
     bw = measure_bandwidth(k_bw, 256 if platform == "cpu" else 2048, peak_repeats)
     opt = uci.ensemble_optimizer(cfg)
-    iterations = cfg.lbfgs_steps * cfg.lbfgs_iters_per_step
+    iterations = cfg.lbfgs.steps * cfg.lbfgs.iters_per_step
     jobs = [(d, int(h), int(b)) for d in datasets for h in hidden_layers for b in grid_batches]
     bar = None
     if progress:
@@ -582,9 +582,9 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
                 rec = harness.run_cell(k_cell, m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed,
                                        val_fraction=cfg.val_fraction)
                 times.append(time.perf_counter() - t0)
-            flops = uci_cell_flops(in_dim, n_fit, n_train, h, cfg.width, cfg.n_particles, iterations,
+            flops = uci_cell_flops(in_dim, n_fit, n_train, h, cfg.network.width, cfg.n_particles, iterations,
                                    len(cfg.noise_grid))
-            ws = widths(in_dim, h, cfg.width)
+            ws = widths(in_dim, h, cfg.network.width)
             roof = roofline(peak["flops_per_s"], bw["bytes_per_s"], arithmetic_intensity(ws, n_fit))
             rows.append({
                 "dataset": ds, "hidden_layers": h, "split": split, "grid_batch": b, "grid_batch_used": size,

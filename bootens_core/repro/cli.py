@@ -95,11 +95,14 @@ def _configure(mod, args: argparse.Namespace):
         cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
     for item in args.set or []:
         name, sep, text = item.partition("=")
-        if not sep or name not in fields:
-            print(f"bootens: --set takes FIELD=VALUE with a field of {type(cfg).__name__}, got {item!r}",
-                  file=sys.stderr)
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            current = config.get(cfg, name)
+        except ValueError as exc:
+            print(f"bootens: --set takes FIELD=VALUE with a field of {type(cfg).__name__} (dotted for a method's "
+                  f"settings, e.g. lbfgs.linesearch), got {item!r}: {exc}", file=sys.stderr)
             return 2
-        current = getattr(cfg, name)
         try:
             value = json.loads(text) if not isinstance(current, str) else text
             if isinstance(current, tuple):
@@ -110,10 +113,14 @@ def _configure(mod, args: argparse.Namespace):
                 raise ValueError(name)
             elif type(current) in (int, float):
                 value = type(current)(value)
-        except (ValueError, TypeError):
-            print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__})", file=sys.stderr)
+            elif dataclasses.is_dataclass(current):
+                raise ValueError(name)
+            cfg = config.replace(cfg, name, value)
+        except (ValueError, TypeError) as exc:
+            detail = "" if str(exc) == name else f": {exc}"
+            print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__}){detail}",
+                  file=sys.stderr)
             return 2
-        cfg = dataclasses.replace(cfg, **{name: value})
     return cfg
 
 
@@ -306,7 +313,6 @@ def _cmd_fold(args: argparse.Namespace) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             print(f"bootens: {old_config}: unreadable ({exc}); give another --into or remove it", file=sys.stderr)
             return 2
-    now = json.loads(json.dumps(config.as_dict(cfg), default=str))
     changed: list[str] = []
     try:
         if previous is not None:
@@ -314,8 +320,10 @@ def _cmd_fold(args: argparse.Namespace) -> int:
             # this configuration by their family hash): a field added later for another method family does not
             # make the record one of other settings.
             held = mod.record_cells(args.into)
-            fields = mod.settings_fields(sorted({mod.cell_of(r).method for r in held}))
-            changed = [k for k in fields if previous.get(k) != now.get(k)]
+            methods = sorted({mod.cell_of(r).method for r in held})
+            before = mod.settings(config.from_dict(mod.Config, previous), methods)
+            after = mod.settings(cfg, methods)
+            changed = [k for k in after if before.get(k) != after[k]]
             kept = [] if changed else held
         report = mod.fold(args.packs, key, cfg, force=args.force, root=args.store)
         result = _stored_result(mod, report.store_dir, cfg, kept)
@@ -410,7 +418,7 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
     if args.k:
         cfg = dataclasses.replace(cfg, n_particles=int(args.k[0]))
     if args.steps is not None:
-        cfg = dataclasses.replace(cfg, lbfgs_steps=int(args.steps))
+        cfg = config.replace(cfg, "lbfgs.steps", int(args.steps))
     problem = _writable_dir(args.out)
     if problem:
         print(f"bootens: {problem}", file=sys.stderr)
@@ -455,7 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--datasets", nargs="+", default=None, help="uci: datasets to run (default: the profile's)")
     p_run.add_argument("--methods", nargs="+", default=None, help="uci: method ids or families, e.g. ensemble-1 gp, or mcd,sghmc")
     p_run.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                       help="override a config field (JSON value), e.g. --set n_particles=50; repeatable")
+                       help="override a config field (JSON value; a method's settings by a dotted name), e.g. "
+                            "--set n_particles=50 --set lbfgs.memory=100; repeatable")
     p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads)")
     p_run.add_argument("--stored-only", action="store_true",
                        help="uci: compute nothing; summarise the cells already stored (missing ones are listed)")

@@ -3,6 +3,13 @@
 ``profile()`` is the only place that reads ``BOOTENS_PROFILE``. A configuration is plain data: it is hashed
 (with the PRNG key and the package source) into the result-cache key, so every field that changes a result
 must live here.
+
+The settings of one method are one sub-configuration (:class:`LBFGSConfig`, :class:`SGHMCConfig`,
+:class:`NUTSConfig`, :class:`MHConfig`, :class:`MCDropoutConfig`, :class:`GPConfig`, :class:`NetworkConfig`),
+a field of the experiment's configuration: ``cfg.lbfgs.step_size``, ``cfg.nuts.chains``. A field is named by
+its dotted path (``lbfgs.linesearch``; :func:`get`, :func:`replace`, the CLI's ``--set``); the flat names of
+earlier versions (``lbfgs_linesearch``, ``width``) are still understood, so committed ``config.json`` files
+read back (:func:`from_dict`).
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "PROFILES",
@@ -27,8 +34,20 @@ __all__ = [
     "UCI_DATASETS",
     "UCI_METHODS",
     "UCI_LBFGS_LINESEARCHES",
+    "NetworkConfig",
+    "LBFGSConfig",
+    "GPConfig",
+    "MCDropoutConfig",
+    "SGHMCConfig",
+    "MHConfig",
+    "NUTSConfig",
     "for_profile",
     "as_dict",
+    "plain",
+    "from_dict",
+    "resolve",
+    "get",
+    "replace",
     "require_x64",
 ]
 
@@ -49,10 +68,106 @@ def for_profile(config_cls: type, name: str | None = None) -> Any:
     return getattr(config_cls, profile(name))()
 
 
+def plain(value: Any) -> Any:
+    """A configuration value as plain JSON data: a (sub-)configuration becomes a dict, a tuple a list (also
+    inside dicts and lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
 def as_dict(cfg: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a config dataclass (tuples become lists)."""
-    out = dataclasses.asdict(cfg)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    """A JSON-ready dict of a config dataclass: sub-configurations become nested dicts, tuples lists."""
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise TypeError(f"as_dict takes a configuration (a dataclass instance), got {type(cfg).__name__}")
+    return plain(cfg)
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def _sub_configs(cls: type) -> dict[str, type]:
+    """The fields of ``cls`` that hold a sub-configuration, with its class (read from the defaults)."""
+    return {k: type(v) for k, v in _defaults(cls).items() if dataclasses.is_dataclass(v)}
+
+
+def resolve(cls: type, name: str) -> tuple[str, ...]:
+    """The path of a field of configuration class ``cls``: a dotted name (``"lbfgs.linesearch"``), a top-level
+    field, or a flat name of earlier versions (``"lbfgs_linesearch"``: a sub-configuration's name, ``_`` and
+    its field; or one of the class's ``LEGACY_NAMES``, e.g. ``"width"`` -> ``network.width``). A name that is
+    none of these is a ``ValueError`` listing the fields."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    subs = _sub_configs(cls)
+    if "." in name:
+        head, _, rest = name.partition(".")
+        if head in subs:
+            return (head, *resolve(subs[head], rest))
+    elif name in fields:
+        return (name,)
+    else:
+        legacy = getattr(cls, "LEGACY_NAMES", {})
+        if name in legacy:
+            return tuple(legacy[name].split("."))
+        for head, sub in subs.items():
+            if name.startswith(head + "_") and name[len(head) + 1:] in {f.name for f in dataclasses.fields(sub)}:
+                return (head, name[len(head) + 1:])
+    known = sorted(fields - set(subs)) + [f"{h}.{f.name}" for h, sub in subs.items() for f in dataclasses.fields(sub)]
+    raise ValueError(f"{cls.__name__} has no field {name!r}: its fields are {', '.join(known)}")
+
+
+def get(cfg: Any, name: str) -> Any:
+    """The value of a field of ``cfg`` by name (see :func:`resolve`)."""
+    value = cfg
+    for part in resolve(type(cfg), name):
+        value = getattr(value, part)
+    return value
+
+
+def replace(cfg: Any, name: str, value: Any) -> Any:
+    """``cfg`` with one field (named as :func:`resolve` reads it) set to ``value``; the sub-configuration's own
+    checks run on the new value."""
+    path = resolve(type(cfg), name)
+
+    def go(obj: Any, parts: tuple[str, ...]) -> Any:
+        if len(parts) == 1:
+            return dataclasses.replace(obj, **{parts[0]: value})
+        return dataclasses.replace(obj, **{parts[0]: go(getattr(obj, parts[0]), parts[1:])})
+
+    return go(cfg, path)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """A configuration of class ``cls`` from a dict of :func:`as_dict` (or a ``config.json``): nested dicts for
+    the sub-configurations, lists for tuples, and the flat names of earlier versions (:func:`resolve`).
+    Fields the dict does not name keep ``cls``'s defaults (the paper's); a name ``cls`` does not have is a
+    ``ValueError``."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a {cls.__name__} is read from a dict, got {type(data).__name__}")
+    subs = _sub_configs(cls)
+    defaults = _defaults(cls)
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for name, value in data.items():
+        if name in subs and isinstance(value, dict):
+            nested.setdefault(name, {}).update(value)
+            continue
+        path = resolve(cls, name)
+        if len(path) == 1:
+            top[name] = value
+        else:
+            nested.setdefault(path[0], {})[".".join(path[1:])] = value
+    for head, values in nested.items():
+        # a sub-configuration the dict names in part keeps the rest of ``cls``'s own default for it
+        top[head] = from_dict(subs[head], {**as_dict(defaults[head]), **values})
+    for name, value in top.items():
+        if isinstance(value, list) and isinstance(defaults.get(name), tuple):
+            top[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return cls(**top)
 
 
 def require_x64(experiment: str) -> None:
@@ -69,6 +184,134 @@ def require_x64(experiment: str) -> None:
             f"the {experiment} experiment computes in float64 and needs JAX's 64-bit mode: call "
             "jax.config.update('jax_enable_x64', True) before anything else creates JAX arrays"
         )
+
+
+# --- The settings of one method: sub-configurations of the experiments' configurations. ---
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A ReLU network and its prior: ``width`` units per hidden layer (the depth is the method's), weights
+    N(0, ``weight_var``) (N(0, ``weight_var`` / fan-in) with ``scale_by_fan_in``), biases N(0, ``bias_var``),
+    trained in ``dtype``."""
+
+    width: int = 50
+    weight_var: float = 1.0
+    bias_var: float = 1.0
+    scale_by_fan_in: bool = False
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class LBFGSConfig:
+    """The ensembles' L-BFGS: ``steps`` steps of up to ``iters_per_step`` iterations each at ``step_size``,
+    ``memory`` curvature pairs; ``linesearch`` is one of :data:`UCI_LBFGS_LINESEARCHES`.
+
+    "32 steps, step size 0.5" is read as ``torch.optim.LBFGS(lr=0.5)`` stepped 32 times, each step of up to
+    ``iters_per_step`` iterations (torch's default ``max_iter`` is 20): 640 iterations at most. The literal
+    reading, 32 iterations in all, is ``iters_per_step=1`` (kept runnable; it leaves the particles far from any
+    fit -- shown in the chapter). ``memory`` is optax's ``memory_size`` or torch's ``history_size`` for the
+    "torch" variants (torch's default, 100, is the faithful value: the paper states none).
+
+    ``linesearch``: "zoom" (every profile, a named deviation): optax's zoom line search (strong Wolfe) from the
+    step 0.5, 640 iterations; None: optax's L-BFGS with the fixed step 0.5, 640 iterations (diverges for many
+    particles); "torch": the paper's optimizer as written, ``torch.optim.LBFGS(lr=0.5)`` stepped ``steps``
+    times. It skips the pairs with y.s <= 1e-10 and so never steps uphill, yet its fixed step diverges too,
+    more often than optax's (CPU, sigma^2 = 1e-4, 1 layer, splits 0-2: Yacht 12-14 and Energy 8-12 particles
+    of 200 per split, optax 0-2; PyTorch 2.13 itself, float64, 12 on Yacht split 0): the profiles keep
+    "zoom"; "torch-strong-wolfe": the same with torch's strong-Wolfe line search.
+    """
+
+    steps: int = 32
+    iters_per_step: int = 20
+    step_size: float = 0.5
+    memory: int = 10
+    linesearch: str | None = "zoom"
+
+    def __post_init__(self) -> None:
+        # The CLI's --set passes strings verbatim: "null"/"none" mean None (optax's fixed step).
+        if isinstance(self.linesearch, str) and self.linesearch.strip().lower() in ("null", "none"):
+            object.__setattr__(self, "linesearch", None)
+        if self.linesearch not in UCI_LBFGS_LINESEARCHES:
+            raise ValueError(
+                f"unknown L-BFGS linesearch {self.linesearch!r}: choose null (optax, fixed step), 'zoom' "
+                "(optax, zoom line search), 'torch' (torch.optim.LBFGS, fixed step) or 'torch-strong-wolfe'"
+            )
+        for name in ("steps", "iters_per_step", "memory"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"L-BFGS {name} must be a positive integer, got {v!r}")
+        step = self.step_size
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not (0 < step < float("inf")):
+            raise ValueError(f"L-BFGS step_size must be a positive finite number, got {step!r}")
+
+
+@dataclass(frozen=True)
+class GPConfig:
+    """The GP baseline: at most ``max_iter`` L-BFGS-B iterations of the marginal likelihood (ELBO); sparse
+    (SGPR/SVGP, ``n_inducing`` inducing points) on ``svgp_datasets``, exact GPR elsewhere."""
+
+    max_iter: int = 1000
+    svgp_datasets: tuple[str, ...] = ("protein",)
+    n_inducing: int = 400
+
+
+@dataclass(frozen=True)
+class MCDropoutConfig:
+    """MC dropout on Gal's UCI protocol (:mod:`bootens_core.baselines.dropout`): the grid is the dataset's
+    dropout_rates.txt x tau_values.txt; epochs = n_epochs.txt (40; Protein 20) x ``epochs_x``; ``samples``
+    forward passes at test time. The upstream readme says "10x", the logs behind its grid-search numbers are
+    named "100_xepochs": we take the logs' 100x."""
+
+    epochs_x: int = 100
+    samples: int = 10_000
+
+
+@dataclass(frozen=True)
+class SGHMCConfig:
+    """Scale-adapted SGHMC (Springenberg et al. 2016, :mod:`bootens_core.samplers.sghmc`).
+
+    The paper: ``lr`` 0.001, ``mdecay`` 0.01, ``burn_in`` 2000, one sample every ``thin`` = 2000 steps,
+    ``restarts`` = 10 from prior draws, 200 samples (``draws`` per restart). The minibatch size is not given:
+    20 is the reference implementation's default. ``lr_scaling``: how lr becomes the step eps on the full-data
+    gradient (see samplers.sghmc_model). "none" (eps = lr = 0.001, the Theano/TF reference code's convention)
+    leaves the restarts far apart after the paper's 42 000 steps (predictive R-hat ~3 on Boston and Yacht:
+    uci.sghmc_step_study, shown in the chapter); every profile uses "sqrt_lr" (eps = sqrt(lr) ~ 0.032, the
+    PyTorch reference's convention) -- a named deviation; "none" stays runnable.
+    """
+
+    lr: float = 1e-3
+    mdecay: float = 0.01
+    burn_in: int = 2000
+    thin: int = 2000
+    restarts: int = 10
+    draws: int = 20
+    batch_size: int = 20
+    lr_scaling: str = "sqrt_lr"
+
+
+@dataclass(frozen=True)
+class MHConfig:
+    """Random-walk Metropolis-Hastings: a N(0, ``proposal_var``) proposal, ``chains`` restarts from prior
+    draws, ``burn_in`` steps, then ``draws`` samples per chain, one every ``thin`` steps."""
+
+    proposal_var: float = 0.5
+    chains: int = 10
+    burn_in: int = 10_000
+    thin: int = 5_000
+    draws: int = 20
+
+
+@dataclass(frozen=True)
+class NUTSConfig:
+    """NUTS (NumPyro): ``chains`` chains from prior draws, ``warmup`` adaptation steps, ``draws`` draws per
+    chain, trees of depth at most ``max_tree_depth``, step size adapted to ``target_accept``."""
+
+    chains: int = 4
+    warmup: int = 500
+    draws: int = 250
+    max_tree_depth: int = 8
+    target_accept: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -197,12 +440,8 @@ class ToyReluConfig:
     w_true: tuple[float, float] = (2.0, -1.5)
     noise_var: float = 0.05
     prior_var: float = 1.0
-    # Metropolis-Hastings reference (the paper's).
-    mh_proposal_var: float = 0.5
-    mh_chains: int = 10
-    mh_burn_in: int = 10_000
-    mh_thin: int = 5_000
-    mh_draws: int = 20  # per chain: 10 x 20 = 200 samples
+    # Metropolis-Hastings reference (the paper's): 10 chains x 20 draws = 200 samples.
+    mh: MHConfig = MHConfig(proposal_var=0.5, chains=10, burn_in=10_000, thin=5_000, draws=20)
     # Algorithm 1 (plain gradient ascent).
     n_particles: int = 200
     step_size: float = 0.05
@@ -259,17 +498,9 @@ class DeepReluConfig:
     faithful_weight_var: float = 1.0
     weight_var: float = 2.0
     # Faithful MH (paper's proposal) on both priors: acceptance evidence.
-    mh_proposal_var: float = 0.01
-    mh_chains: int = 10
-    mh_burn_in: int = 1_000
-    mh_thin: int = 50
-    mh_draws: int = 20
+    mh: MHConfig = MHConfig(proposal_var=0.01, chains=10, burn_in=1_000, thin=50, draws=20)
     # NUTS reference on the deviation prior.
-    nuts_chains: int = 4
-    nuts_warmup: int = 250
-    nuts_draws: int = 50
-    nuts_max_tree_depth: int = 7
-    nuts_target_accept: float = 0.9
+    nuts: NUTSConfig = NUTSConfig(chains=4, warmup=250, draws=50, max_tree_depth=7, target_accept=0.9)
     # Algorithm 1 (Adam; the paper does not name its optimiser for this figure).
     n_particles: int = 200
     optimizer: str = "adam"
@@ -288,10 +519,9 @@ class DeepReluConfig:
 
     @classmethod
     def paper(cls) -> DeepReluConfig:
-        return cls(
-            mh_burn_in=40_000, mh_thin=20_000, nuts_chains=10, nuts_warmup=1000, nuts_draws=20,
-            nuts_max_tree_depth=10,
-        )
+        base = cls()
+        return cls(mh=dataclasses.replace(base.mh, burn_in=40_000, thin=20_000),
+                   nuts=dataclasses.replace(base.nuts, chains=10, warmup=1000, draws=20, max_tree_depth=10))
 
 
 @dataclass(frozen=True)
@@ -339,7 +569,7 @@ UCI_DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "pro
 # Method ids of the UCI harness: "<method>-<hidden layers>" for networks, "gp" for the GP baseline. New ids
 # are appended: a method's position seeds its cells' keys.
 UCI_METHODS = ("ensemble-1", "ensemble-4", "gp", "mcd-1", "mcd-4", "sghmc-1")
-# The L-BFGS variants of the UCI ensembles (``UCIConfig.lbfgs_linesearch``): None -- optax's L-BFGS with a fixed
+# The L-BFGS variants of the UCI ensembles (``UCIConfig.lbfgs.linesearch``): None -- optax's L-BFGS with a fixed
 # step, one iteration per step; "zoom" -- optax's L-BFGS with its zoom line search; "torch" --
 # torch.optim.LBFGS(lr) (fixed step; bootens_core.ensemble.lbfgs.torch_lbfgs), one step = one outer step of up to
 # ``lbfgs_iters_per_step`` iterations, history ``lbfgs_memory``; "torch-strong-wolfe" -- the same with
@@ -362,93 +592,50 @@ class UCIConfig:
     datasets: tuple[str, ...] = UCI_DATASETS
     methods: tuple[str, ...] = UCI_METHODS
     max_splits: int = 0
-    # Ensembles (Algorithm 1).
+    # Ensembles (Algorithm 1): n_particles networks trained together by L-BFGS.
     n_particles: int = 200
-    width: int = 50
-    weight_var: float = 1.0
-    bias_var: float = 1.0
-    # Deviation switch: weight prior N(0, weight_var / fan_in) instead of the paper's N(0, weight_var).
-    scale_by_fan_in: bool = False
-    # "32 steps, step size 0.5": read as torch.optim.LBFGS(lr=0.5) stepped 32 times, each step of up to
-    # ``lbfgs_iters_per_step`` iterations (torch's default max_iter is 20): 640 iterations at most.
-    # The literal reading, 32 iterations in all, is ``lbfgs_iters_per_step=1`` (kept runnable; it leaves the
-    # particles far from any fit -- shown in the chapter).
-    lbfgs_steps: int = 32
-    lbfgs_iters_per_step: int = 20
-    lbfgs_step_size: float = 0.5
-    # Curvature pairs kept: optax's memory_size, or torch's history_size for the "torch" variants (torch's
-    # default, 100, is the faithful value: the paper states none; ``faithful()`` sets it).
-    lbfgs_memory: int = 10
-    # Which L-BFGS (UCI_LBFGS_LINESEARCHES): "zoom" (every profile, a named deviation): optax's zoom line
-    # search (strong Wolfe) from the step 0.5, 640 iterations; None: optax's L-BFGS with the fixed step 0.5,
-    # 640 iterations (diverges for many particles -- the chapter shows the GPU run); "torch": the paper's
-    # optimizer as written, torch.optim.LBFGS(lr=0.5) stepped ``lbfgs_steps`` times (``faithful()``, history
-    # 100). It skips the pairs with y.s <= 1e-10 and so never steps uphill, yet its fixed step diverges too, more
-    # often than optax's (CPU, sigma^2 = 1e-4, 1 layer, splits 0-2: Yacht 12-14 and Energy 8-12 particles of 200
-    # per split, optax 0-2; PyTorch 2.13 itself, float64, 12 on Yacht split 0): the profiles keep "zoom";
-    # "torch-strong-wolfe": the same with torch's strong-Wolfe line search.
-    lbfgs_linesearch: str | None = "zoom"
-    dtype: str = "float32"
+    # The networks and their prior, shared by the ensembles and SGHMC (MC dropout takes the width). Deviation
+    # switch: ``network.scale_by_fan_in``, the weight prior N(0, weight_var / fan_in) instead of the paper's.
+    network: NetworkConfig = NetworkConfig()
+    lbfgs: LBFGSConfig = LBFGSConfig()
+    # The sigma^2 grid of every method that selects sigma^2 on validation MNLL (standardised label units: the
+    # paper gives no grid) and the share of the training split held out for it.
     noise_grid: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
     val_fraction: float = 0.2
-    # GP baselines.
-    gp_max_iter: int = 1000
-    svgp_datasets: tuple[str, ...] = ("protein",)
-    n_inducing: int = 400
-    # MC dropout (Gal's UCI protocol, bootens_core.baselines.dropout): the grid is the dataset's dropout_rates.txt x
-    # tau_values.txt; epochs = n_epochs.txt (40; Protein 20) x ``mcd_epochs_x``. The upstream readme says
-    # "10x", the logs behind its grid-search numbers are named "100_xepochs": we take the logs' 100x.
-    mcd_epochs_x: int = 100
-    mcd_samples: int = 10_000
-    # Scale-adapted SGHMC (Springenberg et al. 2016, bootens_core.samplers.sghmc) on the ensembles' network, prior
-    # and likelihood, sigma^2 on the same validation grid. The paper: lr 0.001, decay 0.01, burn-in 2000, one
-    # sample every 2000 steps, 10 restarts from prior draws, 200 samples. The minibatch size is not given:
-    # 20 is the reference implementation's default. ``sghmc_lr_scaling``: how lr becomes the step eps on the
-    # full-data gradient (see samplers.sghmc_model). "none" (eps = lr = 0.001, the Theano/TF reference code's
-    # convention) leaves the restarts far apart after the paper's 42 000 steps (predictive R-hat ~3 on Boston
-    # and Yacht: uci.sghmc_step_study, shown in the chapter); every profile uses "sqrt_lr" (eps = sqrt(lr)
-    # ~ 0.032, the PyTorch reference's convention) -- a named deviation; "none" stays runnable.
-    sghmc_lr: float = 1e-3
-    sghmc_mdecay: float = 0.01
-    sghmc_burn_in: int = 2000
-    sghmc_thin: int = 2000
-    sghmc_restarts: int = 10
-    sghmc_draws: int = 20
-    sghmc_batch_size: int = 20
-    sghmc_lr_scaling: str = "sqrt_lr"
-    # Cells run at once (threads); results do not depend on it. The quick profile runs 2: on the 2-core CI
-    # machine two cells at once take 0.59x the time of one after the other (4 Boston/Yacht ensemble cells).
+    gp: GPConfig = GPConfig()
+    mcd: MCDropoutConfig = MCDropoutConfig()
+    sghmc: SGHMCConfig = SGHMCConfig()
+    # How the run is carried out, not what it computes (neither decides a cell). Cells run at once (threads);
+    # the quick profile runs 2: on the 2-core CI machine two cells at once take 0.59x the time of one after
+    # the other (4 Boston/Yacht ensemble cells).
     workers: int = 1
     # How many sigma^2 values of ``noise_grid`` an ensemble cell trains as one batch during its selection
     # (ensemble.train_grid: the same particles as one value at a time, up to float rounding). 0: automatic --
     # 1 on a CPU, where a batch saves nothing, and on an accelerator as many as fit in a quarter of its memory
-    # (uci.grid_batch). Like ``workers``, it does not decide the cells.
+    # (uci.grid_batch).
     noise_grid_batch: int = 0
 
+    # The flat field names of earlier versions that are not "<sub-configuration>_<field>" (config.resolve).
+    LEGACY_NAMES: ClassVar[dict[str, str]] = {
+        "width": "network.width", "weight_var": "network.weight_var", "bias_var": "network.bias_var",
+        "scale_by_fan_in": "network.scale_by_fan_in", "dtype": "network.dtype",
+        "svgp_datasets": "gp.svgp_datasets", "n_inducing": "gp.n_inducing",
+    }
+
     def __post_init__(self) -> None:
-        # The CLI's --set passes strings verbatim: "null"/"none" mean None (optax's fixed step).
-        if isinstance(self.lbfgs_linesearch, str) and self.lbfgs_linesearch.strip().lower() in ("null", "none"):
-            object.__setattr__(self, "lbfgs_linesearch", None)
-        if self.lbfgs_linesearch not in UCI_LBFGS_LINESEARCHES:
-            raise ValueError(
-                f"unknown lbfgs_linesearch {self.lbfgs_linesearch!r}: choose null (optax, fixed step), 'zoom' "
-                "(optax, zoom line search), 'torch' (torch.optim.LBFGS, fixed step) or 'torch-strong-wolfe'"
-            )
         nb = self.noise_grid_batch
         if isinstance(nb, bool) or not isinstance(nb, int) or nb < 0:
             raise ValueError(f"noise_grid_batch must be a non-negative integer (0 = automatic), got {nb!r}")
-        for name in ("lbfgs_steps", "lbfgs_iters_per_step", "lbfgs_memory"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        step = self.lbfgs_step_size
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or not (0 < step < float("inf")):
-            raise ValueError(f"lbfgs_step_size must be a positive finite number, got {step!r}")
+        for name, cls in (("network", NetworkConfig), ("lbfgs", LBFGSConfig), ("gp", GPConfig),
+                          ("mcd", MCDropoutConfig), ("sghmc", SGHMCConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"UCIConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
 
     @classmethod
     def quick(cls) -> UCIConfig:
         return cls(datasets=("boston", "yacht"), methods=("ensemble-1", "gp", "mcd-1", "mcd-4", "sghmc-1"),
-                   max_splits=3, n_particles=50, mcd_samples=1000, sghmc_thin=200, workers=2)
+                   max_splits=3, n_particles=50, mcd=MCDropoutConfig(samples=1000), sghmc=SGHMCConfig(thin=200),
+                   workers=2)
 
     @classmethod
     def paper(cls) -> UCIConfig:
@@ -458,14 +645,14 @@ class UCIConfig:
     def faithful(cls) -> UCIConfig:
         """The paper's settings with its optimizer as written: ``torch.optim.LBFGS(lr=0.5)`` with torch's
         defaults (fixed step, ``max_iter=20``, ``history_size=100``) stepped 32 times (``--set
-        lbfgs_linesearch=torch --set lbfgs_memory=100`` on the CLI)."""
-        return cls(lbfgs_linesearch="torch", lbfgs_memory=100)
+        lbfgs.linesearch=torch --set lbfgs.memory=100`` on the CLI)."""
+        return cls(lbfgs=LBFGSConfig(linesearch="torch", memory=100))
 
     @classmethod
     def optax_fixed_step(cls) -> UCIConfig:
         """The paper's settings with optax's L-BFGS at the fixed step 0.5 for 640 iterations (memory 10; the
-        committed ``results/paper/uci-fixed-step`` record; ``--set lbfgs_linesearch=null`` on the CLI)."""
-        return cls(lbfgs_linesearch=None)
+        committed ``results/paper/uci-fixed-step`` record; ``--set lbfgs.linesearch=null`` on the CLI)."""
+        return cls(lbfgs=LBFGSConfig(linesearch=None))
 
 
 @dataclass(frozen=True)
@@ -496,11 +683,7 @@ class ClassificationConfig:
     # Beyond the paper: the agreement with NUTS for other alpha_eps (bootstrap ensemble only).
     alpha_eps_study: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
     # NUTS on the categorical-likelihood network with the same prior.
-    nuts_chains: int = 4
-    nuts_warmup: int = 500
-    nuts_draws: int = 250
-    nuts_max_tree_depth: int = 8
-    nuts_target_accept: float = 0.9
+    nuts: NUTSConfig = NUTSConfig(chains=4, warmup=500, draws=250, max_tree_depth=8, target_accept=0.9)
     # Real datasets (data.tabular): stratified splits, standardised inputs.
     datasets: tuple[str, ...] = ("breast_cancer", "wine")
     n_splits: int = 5
@@ -521,8 +704,8 @@ class ClassificationConfig:
 
     @classmethod
     def paper(cls) -> ClassificationConfig:
-        return cls(nuts_chains=10, nuts_warmup=1000, nuts_draws=200, nuts_max_tree_depth=10, n_splits=10,
-                   real_particles=200, mcd_samples=10_000)
+        nuts = NUTSConfig(chains=10, warmup=1000, draws=200, max_tree_depth=10, target_accept=0.9)
+        return cls(nuts=nuts, n_splits=10, real_particles=200, mcd_samples=10_000)
 
 
 @dataclass(frozen=True)

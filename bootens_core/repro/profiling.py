@@ -107,8 +107,11 @@ def _uci_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
     from .experiments import uci
     from .harness import Cell
 
-    ucfg = dataclasses.replace(UCIConfig.quick(), n_particles=cfg.uci_particles, lbfgs_steps=cfg.uci_lbfgs_steps,
-                               sghmc_restarts=cfg.uci_sghmc_restarts, sghmc_draws=cfg.uci_sghmc_draws)
+    quick = UCIConfig.quick()
+    ucfg = dataclasses.replace(quick, n_particles=cfg.uci_particles,
+                               lbfgs=dataclasses.replace(quick.lbfgs, steps=cfg.uci_lbfgs_steps),
+                               sghmc=dataclasses.replace(quick.sghmc, restarts=cfg.uci_sghmc_restarts,
+                                                         draws=cfg.uci_sghmc_draws))
     out = []
     for method in cfg.uci_methods:
         for call, split in enumerate(cfg.uci_splits):

@@ -803,10 +803,10 @@ def uci_sghmc_study(study: dict[str, Any]) -> pd.DataFrame:
 # What makes a cell "paper scale" beside every split being there: the settings of its method family that set
 # the amount of computation (particles, optimisation length, chain length, grid sizes) at the paper's values.
 UCI_SCALE_FIELDS: dict[str, tuple[str, ...]] = {
-    "ensemble": ("n_particles", "lbfgs_steps", "lbfgs_iters_per_step", "noise_grid", "val_fraction"),
-    "mcd": ("mcd_epochs_x", "mcd_samples"),
-    "sghmc": ("sghmc_restarts", "sghmc_draws", "sghmc_burn_in", "sghmc_thin", "noise_grid", "val_fraction"),
-    "gp": ("gp_max_iter", "n_inducing", "svgp_datasets"),
+    "ensemble": ("n_particles", "lbfgs.steps", "lbfgs.iters_per_step", "noise_grid", "val_fraction"),
+    "mcd": ("mcd.epochs_x", "mcd.samples"),
+    "sghmc": ("sghmc.restarts", "sghmc.draws", "sghmc.burn_in", "sghmc.thin", "noise_grid", "val_fraction"),
+    "gp": ("gp.max_iter", "gp.n_inducing", "gp.svgp_datasets"),
 }
 
 
@@ -819,19 +819,19 @@ def uci_paper_scale(records: dict[str, Any]) -> tuple[pd.DataFrame, Text]:
     Returns one row per method column (datasets complete, table cells, splits present at paper scale, and
     which records hold them) and the overall count as text (e.g. "24 of 108 table cells").
     """
-    from .config import UCIConfig, as_dict
+    from . import config
     from ..data.uci import PAPER_SPLITS
 
-    paper = as_dict(UCIConfig.paper())
+    paper = config.UCIConfig.paper()
     best: dict[tuple[str, int, str], tuple[int, str]] = {}
     for label, rec in records.items():
-        cfg = rec.config
+        cfg = config.from_dict(config.UCIConfig, rec.config)
         for r in rec.summary["rows"]:
             if r["metric"] != "rmse":
                 continue
             meth, layers, d = r["method"], int(r["hidden_layers"]), r["dataset"]
             fields = UCI_SCALE_FIELDS.get(meth, ())
-            if any(_same(cfg.get(f)) != _same(paper[f]) for f in fields):
+            if any(config.get(cfg, f) != config.get(paper, f) for f in fields):
                 continue
             k = (meth, layers, d)
             if int(r["n_splits"]) > best.get(k, (0, ""))[0]:
@@ -853,11 +853,6 @@ def uci_paper_scale(records: dict[str, Any]) -> tuple[pd.DataFrame, Text]:
         })
     n_all = 2 * len(datasets) * len(UCI_TABLES23)
     return pd.DataFrame(rows).set_index("method"), Text(f"{total} of {n_all} table cells")
-
-
-def _same(value: Any) -> Any:
-    """Config values compared across JSON (lists) and dataclasses (tuples)."""
-    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def uci_lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:

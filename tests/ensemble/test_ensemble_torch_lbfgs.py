@@ -18,7 +18,8 @@ import optax
 import pytest
 
 from bootens_core import ensemble, models
-from bootens_core.repro.config import UCI_LBFGS_LINESEARCHES, UCIConfig
+from bootens_core.repro import config
+from bootens_core.repro.config import UCI_LBFGS_LINESEARCHES, LBFGSConfig, NetworkConfig, UCIConfig
 from bootens_core.repro.experiments import uci
 from bootens_core.ensemble.lbfgs import TorchLBFGSState
 from bootens_core.perturb import perturbed_log_joint
@@ -124,35 +125,36 @@ def test_train_with_torch_lbfgs_is_the_vmapped_transformation(line_search_fn):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# UCIConfig.lbfgs_linesearch
+# UCIConfig.lbfgs.linesearch
 
 
 def test_config_lbfgs_linesearch_values():
     assert UCI_LBFGS_LINESEARCHES == (None, "zoom", "torch", "torch-strong-wolfe")
     for v in UCI_LBFGS_LINESEARCHES:
-        assert UCIConfig(lbfgs_linesearch=v).lbfgs_linesearch == v
+        assert LBFGSConfig(linesearch=v).linesearch == v
     # the CLI passes strings verbatim: "null"/"none" are None
-    assert UCIConfig(lbfgs_linesearch="null").lbfgs_linesearch is None
-    assert UCIConfig(lbfgs_linesearch="None") == UCIConfig(lbfgs_linesearch=None)
+    assert LBFGSConfig(linesearch="null").linesearch is None
+    assert LBFGSConfig(linesearch="None") == LBFGSConfig(linesearch=None)
 
 
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"lbfgs_linesearch": "backtracking"}, "unknown lbfgs_linesearch 'backtracking'"),
-        ({"lbfgs_linesearch": "strong_wolfe"}, "unknown lbfgs_linesearch 'strong_wolfe'"),
-        ({"lbfgs_memory": 0}, "lbfgs_memory must be a positive integer"),
-        ({"lbfgs_steps": 0}, "lbfgs_steps must be a positive integer"),
-        ({"lbfgs_iters_per_step": 2.5}, "lbfgs_iters_per_step must be a positive integer"),
-        ({"lbfgs_step_size": -0.5}, "lbfgs_step_size must be a positive finite number"),
-        ({"lbfgs_step_size": float("nan")}, "lbfgs_step_size must be a positive finite number"),
+        ({"linesearch": "backtracking"}, "unknown L-BFGS linesearch 'backtracking'"),
+        ({"linesearch": "strong_wolfe"}, "unknown L-BFGS linesearch 'strong_wolfe'"),
+        ({"memory": 0}, "L-BFGS memory must be a positive integer"),
+        ({"steps": 0}, "L-BFGS steps must be a positive integer"),
+        ({"iters_per_step": 2.5}, "L-BFGS iters_per_step must be a positive integer"),
+        ({"step_size": -0.5}, "L-BFGS step_size must be a positive finite number"),
+        ({"step_size": float("nan")}, "L-BFGS step_size must be a positive finite number"),
     ],
 )
 def test_config_bad_lbfgs_values(changes, match):
     with pytest.raises(ValueError, match=match):
-        UCIConfig(**changes)
-    with pytest.raises(ValueError, match=match):  # dataclasses.replace (the CLI's --set) checks too
-        dataclasses.replace(UCIConfig(), **changes)
+        LBFGSConfig(**changes)
+    (name, value), = changes.items()
+    with pytest.raises(ValueError, match=match):  # config.replace (the CLI's --set) checks too
+        config.replace(UCIConfig(), f"lbfgs.{name}", value)
 
 
 def test_cli_set_selects_the_torch_lbfgs():
@@ -165,35 +167,39 @@ def test_cli_set_selects_the_torch_lbfgs():
                                   set=list(sets))
         return cli._configure(uci, args)
 
-    assert configure("lbfgs_linesearch=torch", "lbfgs_memory=100").lbfgs_linesearch == "torch"
-    assert configure("lbfgs_linesearch=null").lbfgs_linesearch is None
+    assert configure("lbfgs.linesearch=torch", "lbfgs.memory=100").lbfgs == LBFGSConfig(linesearch="torch",
+                                                                                        memory=100)
+    assert configure("lbfgs.linesearch=null").lbfgs.linesearch is None
+    # the flat names of earlier versions still work (results/paper/README's commands of committed records)
+    assert configure("lbfgs_linesearch=torch", "lbfgs_memory=100") == configure("lbfgs.linesearch=torch",
+                                                                                "lbfgs.memory=100")
+    assert configure("lbfgs.nosuch=1") == 2 and configure("lbfgs=1") == 2
 
 
 def test_only_the_ensemble_hash_follows_lbfgs_linesearch():
     base = {f: uci._family_hash(UCIConfig(), f) for f in uci._FAMILIES}
     seen = {base["ensemble"]}
     for v in (None, "torch", "torch-strong-wolfe"):
-        h = {f: uci._family_hash(UCIConfig(lbfgs_linesearch=v), f) for f in uci._FAMILIES}
+        h = {f: uci._family_hash(UCIConfig(lbfgs=LBFGSConfig(linesearch=v)), f) for f in uci._FAMILIES}
         assert {f for f in h if h[f] != base[f]} == {"ensemble"}
         seen.add(h["ensemble"])
     assert len(seen) == 4
     # torch_lbfgs's source decides the ensembles' numbers
-    assert "ensemble/lbfgs.py" in uci._FAMILIES["ensemble"][1]
+    assert "ensemble/lbfgs.py" in uci._FAMILIES["ensemble"].sources
 
 
 # --------------------------------------------------------------------------------------------------------------
 # the UCI ensemble cell
 
 
-def _tiny_cfg(**changes):
-    base = dict(n_particles=3, width=5, lbfgs_steps=3, lbfgs_iters_per_step=4, lbfgs_memory=6,
-                dtype="float64", lbfgs_linesearch="torch")
-    return UCIConfig(**(base | changes))
+def _tiny_cfg(linesearch="torch"):
+    return UCIConfig(n_particles=3, network=NetworkConfig(width=5, dtype="float64"),
+                     lbfgs=LBFGSConfig(steps=3, iters_per_step=4, memory=6, linesearch=linesearch))
 
 
 @pytest.mark.parametrize(("linesearch", "steps"), [("torch", 3), ("torch-strong-wolfe", 3), ("zoom", 12), (None, 12)])
 def test_uci_ensemble_steps(monkeypatch, linesearch, steps):
-    """lbfgs_steps x lbfgs_iters_per_step iterations: 3 torch outer steps of up to 4 iterations, 12 optax ones."""
+    """lbfgs.steps x lbfgs.iters_per_step iterations: 3 torch outer steps of up to 4 iterations, 12 optax ones."""
     calls = []
     train = ensemble.train
 
@@ -202,33 +208,33 @@ def test_uci_ensemble_steps(monkeypatch, linesearch, steps):
         return train(*args, **kwargs)
 
     monkeypatch.setattr(ensemble, "train", spy)
-    cfg = _tiny_cfg(lbfgs_linesearch=linesearch)
+    cfg = _tiny_cfg(linesearch)
     x, y = _toy()
     m = uci.method("ensemble-1", cfg, "toy", x.shape[1])
     m.fit(jax.random.key(0), x, y, x, 0.1)
     (n, opt), = calls
-    assert n == steps and n * opt.iterations_per_step == cfg.lbfgs_steps * cfg.lbfgs_iters_per_step
+    assert n == steps and n * opt.iterations_per_step == cfg.lbfgs.steps * cfg.lbfgs.iters_per_step
     st = opt.tx.init({"w": jnp.zeros(2)})
     if linesearch is not None and linesearch.startswith("torch"):
-        assert st.old_dirs.shape[0] == cfg.lbfgs_memory  # lbfgs_memory is torch's history_size
+        assert st.old_dirs.shape[0] == cfg.lbfgs.memory  # lbfgs.memory is torch's history_size
         assert ("strong Wolfe" in opt.description) == (linesearch == "torch-strong-wolfe")
 
 
 @pytest.mark.parametrize("linesearch", ["torch", "torch-strong-wolfe"])
 def test_uci_ensemble_with_torch_lbfgs_equals_the_transformation_by_hand(linesearch):
-    """The UCI ensemble's fit with the torch L-BFGS: the particles are ``lbfgs_steps`` outer steps of
-    ``torch_lbfgs(lbfgs_step_size, max_iter=lbfgs_iters_per_step, history_size=lbfgs_memory)`` run by hand,
+    """The UCI ensemble's fit with the torch L-BFGS: the particles are ``lbfgs.steps`` outer steps of
+    ``torch_lbfgs(step_size, max_iter=iters_per_step, history_size=memory)`` run by hand,
     vmapped over the particles of the same key; the predictions are theirs."""
-    cfg = _tiny_cfg(lbfgs_linesearch=linesearch)
+    cfg = _tiny_cfg(linesearch)
     x, y = _toy(seed=1)
     key = jax.random.key(7)
     pred = uci.method("ensemble-1", cfg, "toy", x.shape[1]).fit(key, x, y, x, 0.05)
-    model = models.mlp(x.shape[1], (cfg.width,), "relu", weight_var=cfg.weight_var, bias_var=cfg.bias_var)
-    opt = ensemble.optimizer("torch-lbfgs", cfg.lbfgs_step_size, max_iter=cfg.lbfgs_iters_per_step,
-                             history_size=cfg.lbfgs_memory,
+    net, lb = cfg.network, cfg.lbfgs
+    model = models.mlp(x.shape[1], (net.width,), "relu", weight_var=net.weight_var, bias_var=net.bias_var)
+    opt = ensemble.optimizer("torch-lbfgs", lb.step_size, max_iter=lb.iters_per_step, history_size=lb.memory,
                              **({"line_search_fn": "strong_wolfe", "max_ls": 25} if "wolfe" in linesearch else {}))
-    params, st, _ = _by_hand(key, model, x, y, 0.05, cfg.n_particles, opt, cfg.lbfgs_steps)
-    assert np.all(np.asarray(st.n_iter) > cfg.lbfgs_steps)  # more than one iteration per outer step
+    params, st, _ = _by_hand(key, model, x, y, 0.05, cfg.n_particles, opt, lb.steps)
+    assert np.all(np.asarray(st.n_iter) > lb.steps)  # more than one iteration per outer step
     want = np.asarray(models.predict(model, params, jnp.asarray(x)))
     assert pred.diverged == 0 and pred.f.shape == want.shape
     np.testing.assert_allclose(pred.f, want, rtol=1e-9, atol=1e-9)
@@ -244,7 +250,7 @@ _MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().par
 @pytest.mark.skipif(not Path(_MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {_MIRROR}")
 def test_lbfgs_check_runs_the_torch_lbfgs(monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", _MIRROR)
-    cfg = UCIConfig(width=6, lbfgs_iters_per_step=4, lbfgs_memory=9)
+    cfg = UCIConfig(network=NetworkConfig(width=6), lbfgs=LBFGSConfig(iters_per_step=4, memory=9))
     key = jax.random.key(0)
     r = uci.lbfgs_check(key, cfg, dataset="yacht", steps=12)
     assert r["torch"].shape == (3,) and r["torch_iters"][0] == 0
@@ -254,12 +260,13 @@ def test_lbfgs_check_runs_the_torch_lbfgs(monkeypatch):
     assert pairs["stored"] + pairs["skipped"] == pairs["built"] and pairs["skipped"] >= 0
     assert 0 <= r["fixed_uphill"] <= 12 and 0 <= r["fixed_negative_pairs"] <= 11
     # the same particle through ensemble.train with the UCI ensembles' torch optimizer: the same losses
-    opt = uci._lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, "torch", cfg.lbfgs_iters_per_step)
+    opt = uci._lbfgs(dataclasses.replace(cfg.lbfgs, linesearch="torch"))
     from bootens_core.data import uci as uci_data
 
     data = uci_data.load("yacht", 0)
-    model = models.mlp(data.x_train.shape[1], (cfg.width,), "relu", weight_var=cfg.weight_var,
-                       bias_var=cfg.bias_var, scale_by_fan_in=cfg.scale_by_fan_in)
+    net = cfg.network
+    model = models.mlp(data.x_train.shape[1], (net.width,), "relu", weight_var=net.weight_var,
+                       bias_var=net.bias_var, scale_by_fan_in=net.scale_by_fan_in)
     res = ensemble.train(key, model, data.x_train, data.y_train, noise_var=0.1, n_particles=1, opt=opt,
                          steps=opt.steps_for(12), on_diverged="report")
     np.testing.assert_allclose(res.loss[:, 0], r["torch"], rtol=1e-10)

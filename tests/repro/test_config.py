@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -101,14 +102,79 @@ def test_univariate_config_has_the_papers_particle_count():
 def test_uci_profiles_use_the_line_search_and_faithful_is_torchs_lbfgs():
     from bootens_core.repro.config import UCIConfig
 
-    assert UCIConfig.paper().lbfgs_linesearch == "zoom" and UCIConfig.quick().lbfgs_linesearch == "zoom"
-    assert UCIConfig.paper().lbfgs_memory == 10
+    assert UCIConfig.paper().lbfgs.linesearch == "zoom" and UCIConfig.quick().lbfgs.linesearch == "zoom"
+    assert UCIConfig.paper().lbfgs.memory == 10
     # "32 steps, step size 0.5": torch.optim.LBFGS(lr=0.5) with torch's defaults, stepped 32 times
     f = UCIConfig.faithful()
-    assert f.lbfgs_linesearch == "torch" and f.lbfgs_step_size == 0.5 and f.lbfgs_steps == 32
-    assert f.lbfgs_iters_per_step == 20 and f.lbfgs_memory == 100  # torch's max_iter and history_size
-    assert f.n_particles == 200 and f.weight_var == f.bias_var == 1.0 and not f.scale_by_fan_in
+    assert f.lbfgs.linesearch == "torch" and f.lbfgs.step_size == 0.5 and f.lbfgs.steps == 32
+    assert f.lbfgs.iters_per_step == 20 and f.lbfgs.memory == 100  # torch's max_iter and history_size
+    assert f.n_particles == 200 and f.network.weight_var == f.network.bias_var == 1.0
+    assert not f.network.scale_by_fan_in
     # optax's fixed step: 640 iterations of optax.lbfgs(0.5, memory_size=10, linesearch=None)
     o = UCIConfig.optax_fixed_step()
-    assert o.lbfgs_linesearch is None and o.lbfgs_memory == 10 and o.lbfgs_steps * o.lbfgs_iters_per_step == 640
-    assert dataclasses.replace(o, lbfgs_linesearch="zoom") == UCIConfig.paper()
+    assert o.lbfgs.linesearch is None and o.lbfgs.memory == 10 and o.lbfgs.steps * o.lbfgs.iters_per_step == 640
+    assert config.replace(o, "lbfgs.linesearch", "zoom") == UCIConfig.paper()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Nested configurations: a method's settings are one sub-configuration; names, dicts and earlier flat names
+
+
+@pytest.mark.parametrize("cls", [config.UCIConfig, config.ToyReluConfig, config.DeepReluConfig,
+                                 config.ClassificationConfig])
+@pytest.mark.parametrize("profile", ["quick", "paper"])
+def test_as_dict_round_trips_through_json(cls, profile):
+    cfg = config.for_profile(cls, profile)
+    d = json.loads(json.dumps(config.as_dict(cfg)))
+    assert config.from_dict(cls, d) == cfg
+
+
+def test_sub_configurations_are_nested_dicts():
+    d = config.as_dict(config.UCIConfig.paper())
+    assert d["lbfgs"] == {"steps": 32, "iters_per_step": 20, "step_size": 0.5, "memory": 10, "linesearch": "zoom"}
+    assert d["network"]["width"] == 50 and d["sghmc"]["lr_scaling"] == "sqrt_lr" and d["gp"]["svgp_datasets"] == [
+        "protein"]
+    assert config.as_dict(config.DeepReluConfig.paper())["nuts"]["max_tree_depth"] == 10
+
+
+def test_the_flat_names_of_earlier_versions_read_back():
+    """A config.json written before the sub-configurations (flat names) gives the same configuration: every
+    committed UCI record reads as the paper's settings it was made with."""
+    flat = {
+        "seed": 0, "n_particles": 200, "width": 50, "weight_var": 1.0, "bias_var": 1.0, "scale_by_fan_in": False,
+        "dtype": "float32", "lbfgs_steps": 32, "lbfgs_iters_per_step": 20, "lbfgs_step_size": 0.5,
+        "lbfgs_memory": 100, "lbfgs_linesearch": "torch", "gp_max_iter": 1000, "svgp_datasets": ["protein"],
+        "n_inducing": 400, "mcd_epochs_x": 100, "mcd_samples": 10000, "sghmc_lr": 0.001, "sghmc_thin": 2000,
+        "sghmc_lr_scaling": "sqrt_lr", "noise_grid": [1e-4, 1.0],
+    }
+    cfg = config.from_dict(config.UCIConfig, flat)
+    assert cfg == dataclasses.replace(config.UCIConfig.faithful(), noise_grid=(1e-4, 1.0))
+    assert config.from_dict(config.DeepReluConfig, {"mh_burn_in": 7, "nuts_chains": 3}) == dataclasses.replace(
+        config.DeepReluConfig(), mh=dataclasses.replace(config.DeepReluConfig().mh, burn_in=7),
+        nuts=dataclasses.replace(config.DeepReluConfig().nuts, chains=3))
+    root = Path(__file__).resolve().parents[2] / "results" / "paper"
+    for name in ("uci", "uci-mcd-sghmc", "uci-fixed-step"):
+        stored = json.loads((root / name / "config.json").read_text())
+        got = config.from_dict(config.UCIConfig, stored)
+        assert got.network == config.NetworkConfig(**{k: stored.get(k, v) for k, v in
+                                                      config.as_dict(config.NetworkConfig()).items()})
+
+
+def test_names_resolve_get_and_replace():
+    cfg = config.UCIConfig.paper()
+    assert config.resolve(config.UCIConfig, "lbfgs.linesearch") == ("lbfgs", "linesearch")
+    assert config.resolve(config.UCIConfig, "lbfgs_linesearch") == ("lbfgs", "linesearch")
+    assert config.resolve(config.UCIConfig, "width") == ("network", "width")
+    assert config.resolve(config.UCIConfig, "n_particles") == ("n_particles",)
+    assert config.get(cfg, "sghmc.restarts") == 10
+    new = config.replace(cfg, "sghmc.restarts", 3)
+    assert new.sghmc.restarts == 3 and cfg.sghmc.restarts == 10 and new.lbfgs == cfg.lbfgs
+    for bad in ("nosuch", "lbfgs.nosuch", "sghmc_nosuch", "nosuch.steps"):
+        with pytest.raises(ValueError, match="UCIConfig has no field|LBFGSConfig has no field|SGHMCConfig has no"):
+            config.resolve(config.UCIConfig, bad)
+    with pytest.raises(ValueError, match="UCIConfig has no field 'nosuch'"):
+        config.from_dict(config.UCIConfig, {"nosuch": 1})
+    with pytest.raises(ValueError, match="must be a NetworkConfig"):
+        config.UCIConfig(network={"width": 3})
+    with pytest.raises(TypeError, match="takes a configuration"):
+        config.as_dict({"a": 1})

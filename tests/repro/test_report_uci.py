@@ -265,7 +265,7 @@ def test_lbfgs_variant_cells_read_the_committed_records():
         assert {r["optimizer"] for r in mine} == {uci.lbfgs_label(c["lbfgs_linesearch"], c["lbfgs_memory"])}
     labels = {r["optimizer"] for r in cells}
     assert "torch.optim.LBFGS, fixed step (history 100)" in labels and "optax, fixed step (memory 10)" in labels
-    with pytest.raises(ValueError, match="unknown lbfgs_linesearch 'bfgs'"):
+    with pytest.raises(ValueError, match="unknown L-BFGS linesearch 'bfgs'"):
         uci.lbfgs_label("bfgs", 10)
 
 

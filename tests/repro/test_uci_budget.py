@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from bootens_core.repro import cellpack, cli, harness
+from bootens_core.repro import cellpack, cli, config, harness
 from bootens_core.repro.config import UCIConfig
 from bootens_core.repro.experiments import uci
 from bootens_core.repro.harness import CELL_FIELDS, Cell
@@ -327,10 +327,10 @@ json.dump({"code": code, "attempts": attempts, "loaded": loaded}, open(sys.argv[
 """
 
 TINY = ["--profile", "quick", "--datasets", "yacht", "--methods", "ensemble-1", "mcd-1", "sghmc-1", "gp",
-        "--set", "max_splits=1", "--set", "n_particles=4", "--set", "lbfgs_steps=1", "--set",
-        "lbfgs_iters_per_step=2", "--set", "noise_grid=[0.01, 0.1]", "--set", "mcd_epochs_x=1", "--set",
-        "mcd_samples=10", "--set", "sghmc_restarts=2", "--set", "sghmc_draws=2", "--set", "sghmc_burn_in=5",
-        "--set", "sghmc_thin=5"]
+        "--set", "max_splits=1", "--set", "n_particles=4", "--set", "lbfgs.steps=1", "--set",
+        "lbfgs.iters_per_step=2", "--set", "noise_grid=[0.01, 0.1]", "--set", "mcd.epochs_x=1", "--set",
+        "mcd.samples=10", "--set", "sghmc.restarts=2", "--set", "sghmc.draws=2", "--set", "sghmc.burn_in=5",
+        "--set", "sghmc.thin=5"]
 
 
 @pytest.fixture(scope="module")
@@ -469,7 +469,8 @@ def test_fold_keeps_the_records_own_cells(blocked_run, tmp_path, monkeypatch, ca
 def test_fold_keeps_a_record_whose_config_lacks_fields_of_other_families(blocked_run, tmp_path, monkeypatch, capsys):
     # A record made before fields of other method families existed (the committed results/paper/uci, of
     # ensemble and GP cells, lacks the MC dropout and SGHMC fields) keeps its cells; a changed field of its own
-    # cells' families still makes it a record of other settings.
+    # cells' families still makes it a record of other settings. Its config.json may be in the flat names of
+    # earlier versions.
     monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-1"))
     into = tmp_path / "rec"
     argv = ["fold-cells", str(blocked_run["pack"]), *TINY, "--quiet", "--into", str(into)]
@@ -480,29 +481,22 @@ def test_fold_keeps_a_record_whose_config_lacks_fields_of_other_families(blocked
     gp_row = uci.cells_csv([_fake_record(Cell("yacht", 0, "gp"), 1.5)]).splitlines()[1]
     (into / "cells.csv").write_text("\n".join([header, *(r for r in rows if ",ensemble," in r), gp_row]) + "\n")
     assert {uci.cell_of(r).method for r in uci.record_cells(into)} == {"ensemble-1", "gp"}
-    (into / "config.json").write_text(json.dumps({k: v for k, v in old.items() if not k.startswith(("sghmc_", "mcd_"))}))
+    flat = {**{k: v for k, v in old.items() if k not in ("network", "lbfgs", "gp", "mcd", "sghmc")},
+            **{k: v for k, v in old["network"].items()}, **{f"lbfgs_{k}": v for k, v in old["lbfgs"].items()},
+            "gp_max_iter": old["gp"]["max_iter"], "svgp_datasets": old["gp"]["svgp_datasets"],
+            "n_inducing": old["gp"]["n_inducing"]}
+    (into / "config.json").write_text(json.dumps(flat))
     monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-2"))
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
     assert "kept 1 cell(s) of the record" in err and "differs" not in err
     assert json.loads((into / "summary.json").read_text())["n_cells"] == 4
-    assert "sghmc_lr" in json.loads((into / "config.json").read_text())  # rewritten with this configuration
-    (into / "config.json").write_text(json.dumps({**old, "lbfgs_memory": old["lbfgs_memory"] + 1}))
+    assert "sghmc" in json.loads((into / "config.json").read_text())  # rewritten with this configuration
+    (into / "config.json").write_text(json.dumps({**old, "lbfgs": {**old["lbfgs"], "memory": old["lbfgs"]["memory"] + 1}}))
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
-    assert "differs from the one in" in err and "lbfgs_memory" in err
+    assert "differs from the one in" in err and "in lbfgs;" in err
     assert json.loads((into / "summary.json").read_text())["n_cells"] == 3
-
-
-def test_settings_fields_are_those_of_the_methods_families():
-    ens = uci.settings_fields(["ensemble-1"])
-    assert {"seed", "noise_grid", "val_fraction", "n_particles", "lbfgs_memory"} <= set(ens)
-    assert not any(f.startswith(("sghmc_", "mcd_")) for f in ens) and "gp_max_iter" not in ens
-    both = uci.settings_fields(["gp", "sghmc-1"])
-    assert {"gp_max_iter", "sghmc_lr", "seed"} <= set(both) and "lbfgs_memory" not in both
-    assert uci.settings_fields(["ensemble-4", "ensemble-1"]) == ens == tuple(sorted(ens))
-    with pytest.raises(ValueError, match="unknown UCI method 'nn-2'"):
-        uci.settings_fields(["nn-2"])
 
 
 def test_record_cells_rejects_a_table_that_is_not_cells_csv(tmp_path):
@@ -517,12 +511,8 @@ def test_record_cells_rejects_a_table_that_is_not_cells_csv(tmp_path):
 def test_committed_records_read_back_from_their_cells_csv(folder, tmp_path):
     # What fold-cells keeps of a committed record gives back that record (cells.csv holds 6 significant
     # digits, so the summary's means agree to that precision).
-    import dataclasses
-
     rec = Path(__file__).resolve().parents[2] / "results" / "paper" / folder
-    stored = json.loads((rec / "config.json").read_text())
-    names = {f.name for f in dataclasses.fields(UCIConfig)}
-    cfg = UCIConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in names})
+    cfg = config.from_dict(UCIConfig, json.loads((rec / "config.json").read_text()))
     res = uci.from_cells(tmp_path, cfg, {}, uci.record_cells(rec))
     assert res.files["cells.csv"] == (rec / "cells.csv").read_text()
     old = json.loads((rec / "summary.json").read_text())

@@ -95,15 +95,15 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         probs[name] = classification.predict_proba(model, params, x_grid, fit.targets.offset)[:, :, 1]
 
     log_density, _ = classification.log_density_fn(model, data.x, data.labels)
-    init = samplers.prior_starts(k_init, model, cfg.nuts_chains, jnp.float64)
+    init = samplers.prior_starts(k_init, model, cfg.nuts.chains, jnp.float64)
     samples, info, _, accept, sampler = samplers.nuts(
-        k_nuts, log_density, init, n_warmup=cfg.nuts_warmup, n_draws=cfg.nuts_draws,
-        target_accept=cfg.nuts_target_accept, max_tree_depth=cfg.nuts_max_tree_depth, progress=progress,
+        k_nuts, log_density, init, n_warmup=cfg.nuts.warmup, n_draws=cfg.nuts.draws,
+        target_accept=cfg.nuts.target_accept, max_tree_depth=cfg.nuts.max_tree_depth, progress=progress,
     )
     draws = samplers.unravel_draws(model, samples)
     flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), draws)
     p_nuts = classification.predict_proba(model, flat, x_grid, np.zeros(2))[:, :, 1]
-    p_chains = p_nuts.reshape(cfg.nuts_chains, cfg.nuts_draws, -1)
+    p_chains = p_nuts.reshape(cfg.nuts.chains, cfg.nuts.draws, -1)
     rhat = samplers.rhat(p_chains)
     ess = samplers.ess(p_chains, "bulk")
 
@@ -123,7 +123,7 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
             params = jax.tree.map(lambda v, ok=ok: v[ok], fit.ensemble.params)
             p_a = classification.predict_proba(model, params, x_grid, fit.targets.offset)[:, :, 1]
         study[float(a)] = (agreement(p_a, p_nuts), p_a)
-    half = cfg.nuts_chains // 2
+    half = cfg.nuts.chains // 2
     floor = agreement(p_chains[:half].reshape(-1, x_grid.size), p_chains[half:].reshape(-1, x_grid.size))
 
     def finite(v: np.ndarray, fn) -> float:

@@ -90,8 +90,8 @@ def reference_noise(f_chains: np.ndarray, max_partitions: int = 64) -> dict[str,
 
 def _mh(key, model, data, cfg, progress, label):
     res = samplers.metropolis_model(
-        key, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.mh_chains,
-        proposal_var=cfg.mh_proposal_var, n_draws=cfg.mh_draws, burn_in=cfg.mh_burn_in, thin=cfg.mh_thin,
+        key, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.mh.chains,
+        proposal_var=cfg.mh.proposal_var, n_draws=cfg.mh.draws, burn_in=cfg.mh.burn_in, thin=cfg.mh.thin,
         progress=label if progress else False,
     )
     return res
@@ -123,15 +123,15 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
 
     # --- NUTS reference on the deviation prior.
     nuts = samplers.nuts_model(
-        k_nuts, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.nuts_chains, n_warmup=cfg.nuts_warmup,
-        n_draws=cfg.nuts_draws, target_accept=cfg.nuts_target_accept, max_tree_depth=cfg.nuts_max_tree_depth,
+        k_nuts, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.nuts.chains, n_warmup=cfg.nuts.warmup,
+        n_draws=cfg.nuts.draws, target_accept=cfg.nuts.target_accept, max_tree_depth=cfg.nuts.max_tree_depth,
         progress=progress,
     )
     diag_nuts = samplers.predictive_diagnostics(model, nuts, x_grid)
     f_nuts = np.asarray(
         models.predict(model, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), nuts.params), xg)
     )
-    f_nuts_chains = f_nuts.reshape(cfg.nuts_chains, cfg.nuts_draws, -1)
+    f_nuts_chains = f_nuts.reshape(cfg.nuts.chains, cfg.nuts.draws, -1)
 
     # --- Algorithm 1 on the deviation prior.
     opt = ensemble.optimizer(cfg.optimizer, cfg.step_size)
@@ -155,9 +155,9 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
     agree = agreement(f_final, f_nuts)
     agree_stages = [agreement(f[ok], f_nuts) for f in f_stages]
     agree_along = [agreement(f[ok], f_nuts) for f in f_snaps]
-    noise = reference_noise(f_nuts_chains) if cfg.nuts_chains >= 2 else {}
+    noise = reference_noise(f_nuts_chains) if cfg.nuts.chains >= 2 else {}
     # The noise floor of these statistics: the reference against itself (first half of the chains vs second).
-    half = cfg.nuts_chains // 2
+    half = cfg.nuts.chains // 2
     floor = (
         agreement(f_nuts_chains[:half].reshape(-1, f_nuts.shape[1]), f_nuts_chains[half:].reshape(-1, f_nuts.shape[1]))
         if half >= 1 else {}
@@ -194,7 +194,7 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
         "nuts_draws_total": int(f_nuts.shape[0]),
         **sampler_summary("mh_faithful", mh_f, diag_mh_f),
         **sampler_summary("mh_deviation", mh_d, diag_mh_d),
-        "mh_steps_per_chain": int(cfg.mh_burn_in + cfg.mh_draws * cfg.mh_thin),
+        "mh_steps_per_chain": int(cfg.mh.burn_in + cfg.mh.draws * cfg.mh.thin),
         "prior_f_sd_median_faithful": float(np.median(f_prior_faithful.std(0))),
         "prior_f_sd_median": float(np.median(f_prior.std(0))),
         "prior_within_fraction_faithful": within_fraction(f_prior_faithful),

@@ -626,8 +626,8 @@ def _compute(key: jax.Array, cfg: ToyReluConfig, progress: bool):
 
     # --- The paper's reference: random-walk MH, 10 restarts from the prior.
     mh = samplers.metropolis_model(
-        k_mh, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.mh_chains,
-        proposal_var=cfg.mh_proposal_var, n_draws=cfg.mh_draws, burn_in=cfg.mh_burn_in, thin=cfg.mh_thin,
+        k_mh, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.mh.chains,
+        proposal_var=cfg.mh.proposal_var, n_draws=cfg.mh.draws, burn_in=cfg.mh.burn_in, thin=cfg.mh.thin,
         progress=progress,
     )
     mh_w = np.asarray(mh.params["w"]).reshape(-1, 2)
@@ -690,7 +690,7 @@ def _compute(key: jax.Array, cfg: ToyReluConfig, progress: bool):
         "kde_self_distance_populations": n_self,
         "rhat_max": diag["rhat_max"],
         "rhat_mean": diag["rhat_mean"],
-        "rhat_iid_q99": rhat_null_quantile(k_null, cfg.mh_chains, cfg.mh_draws),
+        "rhat_iid_q99": rhat_null_quantile(k_null, cfg.mh.chains, cfg.mh.draws),
         "ess_min": diag["ess_bulk_min"],
         "ess_tail_min": diag["ess_tail_min"],
         "mh_accept_rate": float(np.mean(mh.accept_rate)),

@@ -14,8 +14,8 @@ times: each step up to ``lbfgs_iters_per_step`` (20, torch's ``max_iter``) itera
 L-BFGS direction ``d_k = -P_k g_k`` (two-loop recursion over the last ``lbfgs_memory`` curvature pairs, torch's
 ``history_size`` 100; initial inverse Hessian ``gamma_k I`` with ``gamma_k = s'y / y'y``; the first step scaled
 by ``min(1, 1/|g_0|_1)``; pairs with ``y's <= 1e-10`` skipped) followed by a fixed step ``theta += 0.5 d_k`` --
-no line search. That is ``lbfgs_linesearch="torch"`` (:func:`bootens_core.ensemble.lbfgs.torch_lbfgs`,
-:meth:`UCIConfig.faithful`). ``lbfgs_linesearch=None`` is optax's L-BFGS at the same fixed step for 640
+no line search. That is ``lbfgs.linesearch="torch"`` (:func:`bootens_core.ensemble.lbfgs.torch_lbfgs`,
+:meth:`UCIConfig.faithful`). ``lbfgs.linesearch=None`` is optax's L-BFGS at the same fixed step for 640
 iterations (``optax.lbfgs(0.5, linesearch=None)``, memory 10, :meth:`UCIConfig.optax_fixed_step`), which
 stores every pair and so can step uphill. :func:`lbfgs_check` shows on one particle that optax's directions
 are those of scipy's L-BFGS inverse-Hessian product and sets both fixed-step runs beside optax's line-search
@@ -26,7 +26,7 @@ line-search evaluations per iteration, memory 10) -- a named deviation.
 
 Each cell is stored as soon as it finishes (see :class:`~bootens_core.repro.harness.CellStore`), under a folder
 keyed by the PRNG key and, per method family, by the settings, modules and code that change that family's
-numbers (:data:`_FAMILIES`); a rerun with the same settings resumes, and an edit to one method keeps the
+numbers (the settings its builder receives, :func:`settings`); a rerun with the same settings resumes, and an edit to one method keeps the
 finished cells of the others.
 
 **A run that fits a short device window** (:func:`run_pending`; ``bootens run uci`` with ``--time-budget``,
@@ -64,7 +64,8 @@ from .. import cellpack, harness, store
 from ...baselines import dropout
 from ... import ensemble, samplers, models
 from ...driver import CompileCounter
-from ..config import UCI_METHODS, UCIConfig, as_dict, require_x64
+from ..config import (UCI_METHODS, GPConfig, LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig, UCIConfig,
+                      as_dict, from_dict, plain, require_x64)
 from ...data import uci
 from ..harness import Cell, Method
 from ...metrics import Prediction
@@ -121,7 +122,7 @@ __all__ = [
     "cell_of",
     "lbfgs_label",
     "lbfgs_variant_cells",
-    "settings_fields",
+    "settings",
     "record_cells",
 ]
 
@@ -179,19 +180,20 @@ def cells(cfg: UCIConfig) -> list[Cell]:
     return out
 
 
-def _mlp(in_dim: int, layers: int, width: int, weight_var: float, bias_var: float, fan_in: bool) -> models.Model:
-    return models.mlp(in_dim, (width,) * layers, "relu", weight_var=weight_var, bias_var=bias_var,
-                      scale_by_fan_in=fan_in)
+def _mlp(in_dim: int, layers: int, network: NetworkConfig) -> models.Model:
+    return models.mlp(in_dim, (network.width,) * layers, "relu", weight_var=network.weight_var,
+                      bias_var=network.bias_var, scale_by_fan_in=network.scale_by_fan_in)
 
 
-def _lbfgs(step_size: float, memory: int, linesearch: str | None, iters_per_step: int) -> ensemble.Optimizer:
-    """The ensembles' L-BFGS for ``UCIConfig.lbfgs_linesearch``.
+def _lbfgs(lbfgs: LBFGSConfig) -> ensemble.Optimizer:
+    """The ensembles' L-BFGS for ``lbfgs.linesearch``.
 
-    ``None``/``"zoom"``: optax's L-BFGS (memory ``memory``), one iteration per step. ``"torch"``/
+    ``None``/``"zoom"``: optax's L-BFGS (memory ``lbfgs.memory``), one iteration per step. ``"torch"``/
     ``"torch-strong-wolfe"``: ``torch.optim.LBFGS(lr=step_size, max_iter=iters_per_step,
     history_size=memory)``, one outer step per step (its ``iterations_per_step`` is ``iters_per_step``); the
     strong-Wolfe search allows 25 further evaluations (``max_ls=25``, PyTorch before 2.10, the paper's era).
     """
+    step_size, memory, linesearch, iters_per_step = lbfgs.step_size, lbfgs.memory, lbfgs.linesearch, lbfgs.iters_per_step
     if linesearch in (None, "zoom"):
         return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
     if linesearch == "torch":
@@ -199,20 +201,32 @@ def _lbfgs(step_size: float, memory: int, linesearch: str | None, iters_per_step
     if linesearch == "torch-strong-wolfe":
         return ensemble.optimizer("torch-lbfgs", step_size, max_iter=iters_per_step, history_size=memory,
                                   line_search_fn="strong_wolfe", max_ls=25)
-    raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}: choose null, 'zoom', 'torch' or 'torch-strong-wolfe'")
+    raise ValueError(f"unknown L-BFGS linesearch {linesearch!r}: choose null, 'zoom', 'torch' or 'torch-strong-wolfe'")
 
 
 def ensemble_optimizer(cfg: UCIConfig) -> ensemble.Optimizer:
     """The L-BFGS the ensemble cells of ``cfg`` train with (one object per setting: one compilation)."""
-    return _lbfgs(cfg.lbfgs_step_size, cfg.lbfgs_memory, cfg.lbfgs_linesearch, cfg.lbfgs_iters_per_step)
+    return _lbfgs(cfg.lbfgs)
 
 
-def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
-    model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-    opt = ensemble_optimizer(cfg)
-    # lbfgs_steps x lbfgs_iters_per_step iterations: that many optax steps, or lbfgs_steps torch outer steps.
-    steps = opt.steps_for(cfg.lbfgs_steps * cfg.lbfgs_iters_per_step)
-    dtype = jnp.dtype(cfg.dtype)
+class _Context(NamedTuple):
+    """What a method builder gets besides its settings: where it runs, nothing that decides its numbers but the
+    dataset's shape (``grid_batch(n_rows, grid_size)``: how many sigma^2 values an ensemble trains at once)."""
+
+    dataset: str
+    layers: int
+    in_dim: int
+    y_std: float
+    grid_batch: Callable[[int, int], int]
+
+
+def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: int, /, ctx: _Context) -> Method:
+    layers, in_dim = ctx.layers, ctx.in_dim
+    model = _mlp(in_dim, layers, network)
+    opt = _lbfgs(lbfgs)
+    # lbfgs.steps x lbfgs.iters_per_step iterations: that many optax steps, or lbfgs.steps torch outer steps.
+    steps = opt.steps_for(lbfgs.steps * lbfgs.iters_per_step)
+    dtype = jnp.dtype(network.dtype)
 
     def predict(res, x_eval, noise_var):
         f = np.asarray(models.predict(model, res.params, jnp.asarray(x_eval, dtype)), np.float64)
@@ -221,19 +235,19 @@ def _ensemble_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_s
 
     def fit_ensemble(key, x, y, x_eval, noise_var):
         res = ensemble.train(
-            key, model, x, y, noise_var=noise_var, n_particles=cfg.n_particles, opt=opt,
+            key, model, x, y, noise_var=noise_var, n_particles=n_particles, opt=opt,
             steps=steps, dtype=dtype, on_diverged="report",
         )
         return predict(res, x_eval, noise_var)
 
     def fit_ensemble_grid(key, x, y, x_eval, noise_grid):
         # The grid in batches of grid_batch values (ensemble.train_grid); 1 is fit_ensemble value by value.
-        size = grid_batch(cfg, np.shape(x)[0], in_dim, layers, len(noise_grid))
+        size = ctx.grid_batch(np.shape(x)[0], len(noise_grid))
         if size == 1:
             return [fit_ensemble(key, x, y, x_eval, nv) for nv in noise_grid]
         preds = []
         for part, n_real in grid_batches(noise_grid, size):
-            results = ensemble.train_grid(key, model, x, y, noise_grid=part, n_particles=cfg.n_particles, opt=opt,
+            results = ensemble.train_grid(key, model, x, y, noise_grid=part, n_particles=n_particles, opt=opt,
                                           steps=steps, dtype=dtype, on_diverged="report")
             preds += [predict(res, x_eval, nv) for res, nv in zip(results[:n_real], part[:n_real], strict=True)]
         return preds
@@ -249,7 +263,7 @@ def grid_batch(cfg: UCIConfig, n_rows: int, in_dim: int, layers: int, grid_size:
     where the particles already keep the cores busy and a batch saves nothing; on an accelerator, as many
     values as fit in a quarter of its memory, by an upper estimate of one particle's working set: for every
     row the hidden units' pre-activations, activations and their gradients, and for every weight its value,
-    gradient, the L-BFGS pairs and the line search's copies, in ``cfg.dtype``.
+    gradient, the L-BFGS pairs and the line search's copies, in ``cfg.network.dtype``.
     """
     if cfg.noise_grid_batch:
         return max(1, min(int(cfg.noise_grid_batch), int(grid_size)))
@@ -260,10 +274,10 @@ def grid_batch(cfg: UCIConfig, n_rows: int, in_dim: int, layers: int, grid_size:
     limit = stats.get("bytes_limit")
     if not limit:
         return 1
-    item = jnp.dtype(cfg.dtype).itemsize
-    n_params = (in_dim + 1) * cfg.width + (layers - 1) * (cfg.width + 1) * cfg.width + cfg.width + 1
-    per_particle = item * (4 * n_rows * layers * cfg.width + 3 * n_rows
-                           + n_params * (2 * cfg.lbfgs_memory + 8))
+    item = jnp.dtype(cfg.network.dtype).itemsize
+    width = cfg.network.width
+    n_params = (in_dim + 1) * width + (layers - 1) * (width + 1) * width + width + 1
+    per_particle = item * (4 * n_rows * layers * width + 3 * n_rows + n_params * (2 * cfg.lbfgs.memory + 8))
     fit = int(limit // 4 // (per_particle * cfg.n_particles))
     return max(1, min(int(grid_size), fit))
 
@@ -290,20 +304,20 @@ def grid_batches(noise_grid: Sequence[float], size: int) -> list[tuple[list[floa
     return out
 
 
-def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
-    kind = "svgp" if dataset in cfg.svgp_datasets else "gpr"
+def _gp_method(gp: GPConfig, /, ctx: _Context) -> Method:
+    kind = "svgp" if ctx.dataset in gp.svgp_datasets else "gpr"
 
     def fit_gp(key, x, y, x_eval, noise_var):
-        from ...baselines import gp
+        from ...baselines import gp as baseline
 
         # More than 2000 training rows (Kin8nm, Naval, Power: exact GPR; Protein: SGPR) take the objective and
         # its closed-form gradient computed in numpy with LAPACK: the same objective and optimum, 2-20x fewer
-        # CPU seconds per evaluation (gp.fit_predict). Up to 2000 rows GPflow's objective and TensorFlow's
+        # CPU seconds per evaluation (baselines.gp.fit_predict). Up to 2000 rows GPflow's objective and TensorFlow's
         # automatic gradient: the committed GP cells of the small datasets stay as they are. (A literal here:
         # the family hash reads this function's source.)
         fast = {"gradient": "closed_form"} if len(y) > 2000 else {}
-        g = gp.fit_predict(key, x, y, x_eval, method=kind, n_inducing=cfg.n_inducing, max_iter=cfg.gp_max_iter,
-                           **fast)
+        g = baseline.fit_predict(key, x, y, x_eval, method=kind, n_inducing=gp.n_inducing, max_iter=gp.max_iter,
+                                 **fast)
         info = {"kind": kind, "lengthscale": g.lengthscale, "signal_var": g.signal_var,
                 "objective": g.objective, "n_iter": g.n_iter, "converged": bool(g.converged),
                 "gradient": fast.get("gradient", "autodiff")}
@@ -312,30 +326,32 @@ def _gp_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: fl
     return Method("gp", 0, False, fit_gp)
 
 
-def _mcd_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
-    grid = dropout.protocol_grid(dataset)
+def _mcd_method(network: NetworkConfig, mcd: MCDropoutConfig, /, ctx: _Context) -> Method:
+    grid = dropout.protocol_grid(ctx.dataset)
+    layers, y_std = ctx.layers, ctx.y_std
 
     def fit_mcd(key, x, y, x_eval, noise_var):
         # Gal's protocol selects its own (dropout rate, tau) on the last 20% of the training split; tau is a
         # precision in original label units, hence y_scale.
         return dropout.fit_select(
-            key, x, y, x_eval, hidden_layers=layers, width=cfg.width, dropout_grid=grid.dropout_rates,
-            tau_grid=grid.tau_values, epochs=grid.n_epochs * cfg.mcd_epochs_x, n_samples=cfg.mcd_samples,
+            key, x, y, x_eval, hidden_layers=layers, width=network.width, dropout_grid=grid.dropout_rates,
+            tau_grid=grid.tau_values, epochs=grid.n_epochs * mcd.epochs_x, n_samples=mcd.samples,
             y_scale=y_std,
         )
 
     return Method("mcd", layers, False, fit_mcd)
 
 
-def _sghmc_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std: float) -> Method:
-    model = _mlp(in_dim, layers, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-    dtype = jnp.dtype(cfg.dtype)
+def _sghmc_method(network: NetworkConfig, sghmc: SGHMCConfig, /, ctx: _Context) -> Method:
+    layers = ctx.layers
+    model = _mlp(ctx.in_dim, layers, network)
+    dtype = jnp.dtype(network.dtype)
 
     def fit_sghmc(key, x, y, x_eval, noise_var):
         res = samplers.sghmc_model(
-            key, model, x, y, noise_var, n_restarts=cfg.sghmc_restarts, n_draws=cfg.sghmc_draws,
-            burn_in=cfg.sghmc_burn_in, thin=cfg.sghmc_thin, lr=cfg.sghmc_lr, mdecay=cfg.sghmc_mdecay,
-            batch_size=min(cfg.sghmc_batch_size, x.shape[0]), lr_scaling=cfg.sghmc_lr_scaling,
+            key, model, x, y, noise_var, n_restarts=sghmc.restarts, n_draws=sghmc.draws,
+            burn_in=sghmc.burn_in, thin=sghmc.thin, lr=sghmc.lr, mdecay=sghmc.mdecay,
+            batch_size=min(sghmc.batch_size, x.shape[0]), lr_scaling=sghmc.lr_scaling,
             on_diverged="report", dtype=dtype,
         )
         # A restart that diverged contributes no sample; every kept draw of the others is a mixture component.
@@ -343,7 +359,7 @@ def _sghmc_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std:
         draws = jax.tree.map(lambda a: a[ok_restart].reshape((-1, *a.shape[2:])), res.params)
         f = np.asarray(models.predict(model, draws, jnp.asarray(x_eval, dtype)), np.float64)
         ok = np.all(np.isfinite(f), axis=1)
-        diverged = int((~ok_restart).sum()) * cfg.sghmc_draws + int((~ok).sum())
+        diverged = int((~ok_restart).sum()) * sghmc.draws + int((~ok).sum())
         info = {"step_size": float(res.info["step_size"]), "batch_size": int(res.info["batch_size"]),
                 "diverged_restarts": int((~ok_restart).sum())}
         return Prediction(f[ok], noise_var, diverged, None, info)
@@ -351,16 +367,44 @@ def _sghmc_method(cfg: UCIConfig, dataset: str, layers: int, in_dim: int, y_std:
     return Method("sghmc", layers, True, fit_sghmc)
 
 
-_BUILDERS = {"ensemble": _ensemble_method, "gp": _gp_method, "mcd": _mcd_method, "sghmc": _sghmc_method}
+class _Family(NamedTuple):
+    """A method family: its builder and the package modules its cells run (beside :data:`_COMMON_SOURCES`).
+
+    The builder's positional-only parameters are named after :class:`UCIConfig` fields and receive those
+    fields' values -- nothing else of the configuration reaches it -- so the settings that decide a family's
+    cells are read off the builder's signature (:func:`settings`), never from a list kept by hand."""
+
+    build: Callable[..., Method]
+    sources: tuple[str, ...]
+
+
+_FAMILIES: dict[str, _Family] = {
+    "ensemble": _Family(_ensemble_method, (
+        "ensemble/kernel.py", "ensemble/drivers.py", "ensemble/optimizers.py", "ensemble/sharding.py",
+        "ensemble/lbfgs.py", "models.py", "perturb.py", "checks.py", "driver.py")),
+    "gp": _Family(_gp_method, ("baselines/gp.py",)),
+    "mcd": _Family(_mcd_method, ("baselines/dropout.py",)),
+    "sghmc": _Family(_sghmc_method, ("samplers/sghmc.py", "samplers/_common.py", "models.py", "checks.py",
+                                     "driver.py")),
+}
+
+
+def _setting_names(family: str) -> tuple[str, ...]:
+    params = inspect.signature(_FAMILIES[family].build).parameters.values()
+    return tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY)
 
 
 def method(method_id: str, cfg: UCIConfig, dataset: str, in_dim: int, y_std: float = 1.0) -> Method:
     """The :class:`~bootens_core.repro.harness.Method` of a method id for one dataset (``y_std``: the training
     labels' standard deviation, for methods whose hyper-parameters are in original label units)."""
     family, _, layers = method_id.partition("-")
-    if method_id not in UCI_METHODS or family not in _BUILDERS:
+    if method_id not in UCI_METHODS or family not in _FAMILIES:
         raise ValueError(f"unknown UCI method {method_id!r}: built so far are {', '.join(UCI_METHODS)}")
-    return _BUILDERS[family](cfg, dataset, int(layers or 0), in_dim, y_std)
+    depth = int(layers or 0)
+    ctx = _Context(dataset, depth, in_dim, y_std,
+                   lambda n_rows, grid_size: grid_batch(cfg, n_rows, in_dim, depth, grid_size))
+    values = [getattr(cfg, name) for name in _setting_names(family)]
+    return _FAMILIES[family].build(*values, ctx)
 
 
 def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
@@ -369,47 +413,40 @@ def _cell_key(key: jax.Array, cell: Cell) -> jax.Array:
     return jax.random.fold_in(k, cell.split)
 
 
-# What decides a cell's numbers. Common to every cell: the protocol (harness, metrics, the loader), the
-# fields below and the code of compute_cell / _cell_key. Per method family: the config fields it reads, the
-# package modules it runs and the source of its builder above. Cells are stored per family under a folder
-# named by a hash of all that, so an edit to one method (or a new method) keeps the others' finished cells.
-_COMMON_FIELDS = ("seed", "noise_grid", "val_fraction")
+def _protocol(cfg: UCIConfig) -> dict[str, Any]:
+    """The settings of the protocol every cell runs (:func:`bootens_core.repro.harness.run_cell`'s keywords):
+    what :func:`compute_cell` passes, and so what every family's hash includes."""
+    return {"noise_grid": tuple(cfg.noise_grid), "val_seed": cfg.seed, "val_fraction": cfg.val_fraction}
+
+
+# What decides a cell's numbers. Common to every cell: the protocol (its settings, _protocol; the harness,
+# the metrics, the loader) and the code of compute_cell / _cell_key. Per method family: the settings its
+# builder receives (_setting_names), the package modules it runs and the builder's source. Cells are stored per
+# family under a folder named by a hash of all that, so an edit to one method (or a new method) keeps the
+# others' finished cells.
 _COMMON_SOURCES = ("repro/harness.py", "metrics.py", "data/uci.py")
-_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "ensemble": (
-        ("n_particles", "width", "weight_var", "bias_var", "scale_by_fan_in", "lbfgs_steps",
-         "lbfgs_iters_per_step", "lbfgs_step_size", "lbfgs_memory", "lbfgs_linesearch", "dtype"),
-        ("ensemble/kernel.py", "ensemble/drivers.py", "ensemble/optimizers.py", "ensemble/sharding.py",
-         "ensemble/lbfgs.py", "models.py", "perturb.py", "checks.py", "driver.py"),
-    ),
-    "gp": (("gp_max_iter", "svgp_datasets", "n_inducing"), ("baselines/gp.py",)),
-    "mcd": (("width", "mcd_epochs_x", "mcd_samples"), ("baselines/dropout.py",)),
-    "sghmc": (
-        ("width", "weight_var", "bias_var", "scale_by_fan_in", "dtype", "sghmc_lr", "sghmc_mdecay", "sghmc_burn_in",
-         "sghmc_thin", "sghmc_restarts", "sghmc_draws", "sghmc_batch_size", "sghmc_lr_scaling"),
-        ("samplers/sghmc.py", "samplers/_common.py", "models.py", "checks.py", "driver.py"),
-    ),
-}
 
 
-def settings_fields(method_ids: Iterable[str]) -> tuple[str, ...]:
-    """The :class:`UCIConfig` fields that decide the numbers of cells of these method ids: the fields common to
-    every cell and those of the ids' method families (:data:`_FAMILIES`), sorted. Two configurations that agree
-    on them give those cells the same numbers (with the same code); a field added for another family does not
-    make a record of these cells one of other settings."""
-    fields = set(_COMMON_FIELDS)
+def settings(cfg: UCIConfig, method_ids: Iterable[str]) -> dict[str, Any]:
+    """The settings of ``cfg`` that decide the numbers of cells of these method ids, as a JSON-ready dict: the
+    protocol's (``protocol``) and the :class:`UCIConfig` fields each method family's builder receives (e.g.
+    ``network``, ``lbfgs``, ``n_particles`` for the ensembles). Two configurations with equal settings give
+    those cells the same numbers (with the same code); a field of another family does not enter."""
+    out: dict[str, Any] = {"protocol": plain(_protocol(cfg))}
     for m in method_ids:
         if m not in UCI_METHODS:
             raise ValueError(f"unknown UCI method {m!r}: known are {', '.join(UCI_METHODS)}")
-        fields.update(_FAMILIES[m.partition("-")[0]][0])
-    return tuple(sorted(fields))
+        for name in _setting_names(m.partition("-")[0]):
+            out[name] = plain(getattr(cfg, name))
+    return dict(sorted(out.items()))
 
 
 def _family_hash(cfg: UCIConfig, family: str) -> str:
-    fields, sources = _FAMILIES[family]
-    values = {k: v for k, v in as_dict(cfg).items() if k in _COMMON_FIELDS + fields}
-    code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _BUILDERS[family]))
-    blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + sources), "code": code},
+    fam = _FAMILIES[family]
+    values = {"protocol": plain(_protocol(cfg)),
+              **{name: plain(getattr(cfg, name)) for name in _setting_names(family)}}
+    code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _protocol, fam.build))
+    blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + fam.sources), "code": code},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -443,9 +480,7 @@ def compute_cell(key: jax.Array, cfg: UCIConfig, cell: Cell) -> dict[str, Any]:
     """One table cell computed (never read from the cell store): the record :func:`run` stores for it."""
     data = uci.load(cell.dataset, cell.split)
     m = method(cell.method, cfg, cell.dataset, data.x_train.shape[1], data.y_std)
-    return harness.run_cell(
-        _cell_key(key, cell), m, data, noise_grid=cfg.noise_grid, val_seed=cfg.seed, val_fraction=cfg.val_fraction,
-    )
+    return harness.run_cell(_cell_key(key, cell), m, data, **_protocol(cfg))
 
 
 def run(
@@ -557,8 +592,7 @@ def restate(result: store.Result, level: float = LEVEL) -> dict[str, Any]:
     """The summary of a stored UCI result recomputed from its ``cells.csv`` by the current rules
     (:func:`summarise`): a committed record's ``summary.json`` keeps the verdicts of the code that wrote it.
     The record's own keys that the cells cannot give (``cells_missing``, ``cells_kept``) are carried over."""
-    names = {f.name for f in dataclasses.fields(UCIConfig)}
-    cfg = UCIConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in result.config.items() if k in names})
+    cfg = from_dict(UCIConfig, result.config)
     out = summarise(result_cells(result), cfg, level)
     for k in ("cells_missing", "cells_kept"):
         if k in result.summary:
@@ -597,7 +631,7 @@ def lbfgs_label(linesearch: str | None, memory: int) -> str:
              "torch": f"torch.optim.LBFGS, fixed step (history {memory})",
              "torch-strong-wolfe": f"torch.optim.LBFGS, strong Wolfe (history {memory})"}
     if linesearch not in names:
-        raise ValueError(f"unknown lbfgs_linesearch {linesearch!r}")
+        raise ValueError(f"unknown L-BFGS linesearch {linesearch!r}")
     return names[linesearch]
 
 
@@ -612,8 +646,9 @@ def lbfgs_variant_cells(root: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             c = json.loads((folder / "config.json").read_text())
-            label = lbfgs_label(c["lbfgs_linesearch"], int(c["lbfgs_memory"]))
-            step = float(c["lbfgs_step_size"])
+            lbfgs = from_dict(UCIConfig, c).lbfgs
+            label = lbfgs_label(lbfgs.linesearch, lbfgs.memory)
+            step = float(lbfgs.step_size)
         except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{folder / 'config.json'}: not a UCI record's settings ({exc})") from exc
         out += [{**rec, "optimizer": label, "lbfgs_step_size": step, "record": folder.name}
@@ -1026,13 +1061,12 @@ def lbfgs_check(
     """
     from scipy.optimize import LbfgsInvHessProduct, minimize
 
-    steps = cfg.lbfgs_steps if steps is None else int(steps)
+    steps = cfg.lbfgs.steps if steps is None else int(steps)
     data = uci.load(dataset, split)
-    model = models.mlp(data.x_train.shape[1], (cfg.width,) * hidden_layers, "relu",
-                       weight_var=cfg.weight_var, bias_var=cfg.bias_var, scale_by_fan_in=cfg.scale_by_fan_in)
+    model = _mlp(data.x_train.shape[1], hidden_layers, cfg.network)
     x = jnp.asarray(data.x_train, jnp.float64)
     y = jnp.asarray(data.y_train, jnp.float64)
-    opt = ensemble.optimizer("lbfgs", cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
+    opt = ensemble.optimizer("lbfgs", cfg.lbfgs.step_size, memory_size=cfg.lbfgs.memory, linesearch=None)
     state = ensemble.init(key, model, y, noise_var, 1, opt)
     pert = state.perturbation
     one = jax.tree.map(lambda a: a[0], pert)
@@ -1046,7 +1080,7 @@ def lbfgs_check(
     loss_grad = jax.jit(jax.value_and_grad(loss_flat))
 
     # Fixed-step L-BFGS by hand on the flat vector, recording (s, y) pairs and updates.
-    tx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory, linesearch=None)
+    tx = optax.lbfgs(cfg.lbfgs.step_size, memory_size=cfg.lbfgs.memory, linesearch=None)
     tx_update = jax.jit(tx.update)
     v, st = theta0, tx.init(theta0)
     fixed, rel_err, s_hist, y_hist, prev, uphill = [], [], [], [], None, 0
@@ -1057,13 +1091,13 @@ def lbfgs_check(
         gn = np.asarray(g)
         uphill += int(float(np.dot(gn, np.asarray(upd))) >= 0)
         if prev is None:
-            ref = -cfg.lbfgs_step_size * min(1.0, 1.0 / np.linalg.norm(gn)) * gn
+            ref = -cfg.lbfgs.step_size * min(1.0, 1.0 / np.linalg.norm(gn)) * gn
         else:
             s_hist.append(np.asarray(v) - prev[0])
             y_hist.append(gn - prev[1])
-            sk, yk = np.array(s_hist[-cfg.lbfgs_memory:]), np.array(y_hist[-cfg.lbfgs_memory:])
+            sk, yk = np.array(s_hist[-cfg.lbfgs.memory:]), np.array(y_hist[-cfg.lbfgs.memory:])
             gamma = float(sk[-1] @ yk[-1] / (yk[-1] @ yk[-1]))
-            ref = -cfg.lbfgs_step_size * gamma * LbfgsInvHessProduct(sk, gamma * yk).matvec(gn)
+            ref = -cfg.lbfgs.step_size * gamma * LbfgsInvHessProduct(sk, gamma * yk).matvec(gn)
         rel_err.append(float(np.linalg.norm(np.asarray(upd) - ref) / np.linalg.norm(ref)))
         prev = (np.asarray(v), gn)
         v = v + upd
@@ -1071,7 +1105,7 @@ def lbfgs_check(
     trained = ensemble.train(key, model, x, y, noise_var=noise_var, n_particles=1, opt=opt, steps=steps,
                              on_diverged="report")
 
-    ztx = optax.lbfgs(cfg.lbfgs_step_size, memory_size=cfg.lbfgs_memory)
+    ztx = optax.lbfgs(cfg.lbfgs.step_size, memory_size=cfg.lbfgs.memory)
     vz, sz, zoom = theta0, ztx.init(theta0), []
 
     def value_only(w):
@@ -1094,14 +1128,14 @@ def lbfgs_check(
         return float(val), np.asarray(g, np.float64)
 
     res = minimize(fun, np.asarray(theta0), jac=True, method="L-BFGS-B",
-                   options={"maxiter": steps, "maxcor": cfg.lbfgs_memory},
+                   options={"maxiter": steps, "maxcor": cfg.lbfgs.memory},
                    callback=lambda w: sp.append(fun(w)[0]))
 
     # torch.optim.LBFGS(lr, max_iter=m, history_size=lbfgs_memory), stepped steps // m times.
     from ...ensemble.lbfgs import torch_lbfgs
 
-    m_iter = max(1, min(cfg.lbfgs_iters_per_step, steps))
-    ttx = torch_lbfgs(cfg.lbfgs_step_size, max_iter=m_iter, history_size=cfg.lbfgs_memory)
+    m_iter = max(1, min(cfg.lbfgs.iters_per_step, steps))
+    ttx = torch_lbfgs(cfg.lbfgs.step_size, max_iter=m_iter, history_size=cfg.lbfgs.memory)
 
     @jax.jit
     def torch_step(w, s):
@@ -1116,9 +1150,9 @@ def lbfgs_check(
         torch_iters.append(int(stt.n_iter))
         vt, stt, val = torch_step(vt, stt)
         torch_curve.append(float(val))
-        stored += int(stt.hist_count) - before[0] + (int(stt.hist_start) - before[1]) % cfg.lbfgs_memory
+        stored += int(stt.hist_count) - before[0] + (int(stt.hist_start) - before[1]) % cfg.lbfgs.memory
     built = max(int(stt.n_iter) - 1, 0)  # every iteration but the very first builds a pair
-    exact = cfg.lbfgs_memory > m_iter
+    exact = cfg.lbfgs.memory > m_iter
     neg_pairs = sum(int(float(np.dot(a, b)) <= 0) for a, b in zip(s_hist, y_hist))
     return {
         "fixed": np.asarray(fixed),
@@ -1166,15 +1200,15 @@ def sghmc_step_study(
     data = uci.load(dataset, split)
     if noise_var is None:
         noise_var = float(gp.fit_predict(key, data.x_train, data.y_train, data.x_test, method="gpr").noise_var)
-    model = _mlp(data.x_train.shape[1], 1, cfg.width, cfg.weight_var, cfg.bias_var, cfg.scale_by_fan_in)
-    dtype = jnp.dtype(cfg.dtype)
+    model = _mlp(data.x_train.shape[1], 1, cfg.network)
+    dtype = jnp.dtype(cfg.network.dtype)
     rows = []
     for eps in step_sizes:
         start = time.perf_counter()
         res = samplers.sghmc_model(
-            key, model, data.x_train, data.y_train, noise_var, n_restarts=cfg.sghmc_restarts,
-            n_draws=cfg.sghmc_draws, burn_in=cfg.sghmc_burn_in, thin=cfg.sghmc_thin, lr=float(eps),
-            mdecay=cfg.sghmc_mdecay, batch_size=min(cfg.sghmc_batch_size, data.x_train.shape[0]),
+            key, model, data.x_train, data.y_train, noise_var, n_restarts=cfg.sghmc.restarts,
+            n_draws=cfg.sghmc.draws, burn_in=cfg.sghmc.burn_in, thin=cfg.sghmc.thin, lr=float(eps),
+            mdecay=cfg.sghmc.mdecay, batch_size=min(cfg.sghmc.batch_size, data.x_train.shape[0]),
             lr_scaling="none", on_diverged="report", dtype=dtype,
         )
         wall = time.perf_counter() - start
@@ -1192,7 +1226,7 @@ def sghmc_step_study(
             "log_joint_last_median": float(np.median(log_joint)) if log_joint.size else math.nan, "wall_s": wall,
         })
     return {"dataset": dataset, "split": split, "noise_var_std_units": noise_var, "rows": rows,
-            "settings": {k: v for k, v in dataclasses.asdict(cfg).items() if k.startswith("sghmc_")}}
+            "settings": plain(cfg.sghmc)}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1245,13 +1279,13 @@ def cost_units(method_id: str, dataset: str, cfg: UCIConfig) -> float:
     n, d = TRAIN_SHAPES[dataset]
     family, _, layers = method_id.partition("-")
     if family == "gp":
-        return float(n) * cfg.n_inducing**2 if dataset in cfg.svgp_datasets else float(n) ** 3
-    depth, w = max(int(layers or 1), 1), cfg.width
+        return float(n) * cfg.gp.n_inducing**2 if dataset in cfg.gp.svgp_datasets else float(n) ** 3
+    depth, w = max(int(layers or 1), 1), cfg.network.width
     params = (d + 1) * w + (depth - 1) * (w + 1) * w + w + 1
     if family == "sghmc":
-        steps = cfg.sghmc_restarts * (cfg.sghmc_burn_in + cfg.sghmc_thin * cfg.sghmc_draws)
-        predicted = cfg.sghmc_restarts * cfg.sghmc_draws * 0.2 * n
-        return float(params) * (steps * min(cfg.sghmc_batch_size, n) + predicted)
+        steps = cfg.sghmc.restarts * (cfg.sghmc.burn_in + cfg.sghmc.thin * cfg.sghmc.draws)
+        predicted = cfg.sghmc.restarts * cfg.sghmc.draws * 0.2 * n
+        return float(params) * (steps * min(cfg.sghmc.batch_size, n) + predicted)
     units = float(n) * params
     return units * _MCD_EPOCHS[dataset] if family == "mcd" else units
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro.config import DeepReluConfig
+from bootens_core.repro.config import DeepReluConfig, MHConfig, NUTSConfig
 from bootens_core.repro.experiments import deep_relu
 
 
@@ -66,8 +66,8 @@ def test_reference_noise_shape_errors():
 @pytest.mark.slow
 def test_tiny_run_has_the_contract_keys():
     cfg = dataclasses.replace(
-        DeepReluConfig.quick(), depth=2, width=8, mh_burn_in=50, mh_thin=5, mh_draws=10, mh_chains=2,
-        nuts_chains=2, nuts_warmup=50, nuts_draws=20, nuts_max_tree_depth=5, n_particles=20, steps=30,
+        DeepReluConfig.quick(), depth=2, width=8, mh=MHConfig(proposal_var=0.01, burn_in=50, thin=5, draws=10, chains=2),
+        nuts=NUTSConfig(chains=2, warmup=50, draws=20, max_tree_depth=5), n_particles=20, steps=30,
         stages=(0, 30), x_grid_points=15,
     )
     res = deep_relu.run(jax.random.key(0), cfg, use_cache=False)

@@ -8,6 +8,7 @@ checkout): without it they skip on a user's machine; in CI (CI=true) the mirror 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -19,8 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro import cli, store
-from bootens_core.repro.config import UCI_DATASETS, UCI_METHODS, UCIConfig
+from bootens_core.repro import cli, config, store
+from bootens_core.repro.config import (UCI_DATASETS, UCI_METHODS, LBFGSConfig, MCDropoutConfig, NetworkConfig,
+                                       SGHMCConfig, UCIConfig)
 from bootens_core.repro.experiments import uci as experiment
 from bootens_core.repro.harness import CELL_FIELDS
 
@@ -224,7 +226,7 @@ def test_cells_csv():
 def test_lbfgs_check_against_scipy(monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
     steps = 8
-    r = experiment.lbfgs_check(jax.random.key(0), UCIConfig(width=10), steps=steps)
+    r = experiment.lbfgs_check(jax.random.key(0), UCIConfig(network=NetworkConfig(width=10)), steps=steps)
     assert r["n_params"] == 13 * 10 + 10 + 10 + 1  # boston: 13 inputs, one hidden layer of 10
     # optax's fixed-step update is -0.5 gamma_k H_k g_k of scipy's inverse-Hessian product, at every step
     assert r["direction_rel_err"].shape == (steps,)
@@ -249,7 +251,7 @@ def test_lbfgs_check_against_scipy(monkeypatch):
 # End to end through the CLI
 
 ARGV = ["run", "uci", "--profile", "quick", "--datasets", "yacht", "--methods", "ensemble-1", "--set", "max_splits=1",
-        "--set", "n_particles=8", "--set", "lbfgs_iters_per_step=1", "--set", "lbfgs_steps=4",
+        "--set", "n_particles=8", "--set", "lbfgs.iters_per_step=1", "--set", "lbfgs.steps=4",
         "--set", "noise_grid=[0.01, 0.1]", "--quiet"]
 ROW_KEYS = {"dataset", "method", "hidden_layers", "metric", "mean", "std", "n_splits", "paper_mean", "paper_std",
             "verdict"}
@@ -326,16 +328,43 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
     # the selection of datasets, methods, splits and the workers change no cell
     assert p0 == paths(UCIConfig(datasets=("boston",), methods=("gp",), max_splits=2, workers=2))
     # a family's own setting moves only that family's cells
-    for change, family in (({"n_particles": 7}, "ensemble"), ({"n_inducing": 50}, "gp"), ({"mcd_samples": 9}, "mcd"),
-                           ({"sghmc_lr": 0.1}, "sghmc")):
-        p = paths(UCIConfig(**change))
+    for name, value, families in (("n_particles", 7, ("ensemble",)), ("gp.n_inducing", 50, ("gp",)),
+                                  ("mcd.samples", 9, ("mcd",)), ("sghmc.lr", 0.1, ("sghmc",)),
+                                  ("lbfgs.memory", 5, ("ensemble",)),
+                                  ("network.width", 7, ("ensemble", "mcd", "sghmc"))):
+        p = paths(config.replace(base, name, value))
         moved = {m for m in UCI_METHODS if p[m] != p0[m]}
-        assert moved == {m for m in UCI_METHODS if m.startswith(family)}, change
+        assert moved == {m for m in UCI_METHODS if m.startswith(families)}, name
     # a setting of the protocol moves every cell
     p = paths(UCIConfig(val_fraction=0.25))
     assert all(p[m] != p0[m] for m in UCI_METHODS)
+    # a field added to a method's sub-configuration enters its family's key with no list to update
+    @dataclasses.dataclass(frozen=True)
+    class LBFGSWithKnob(LBFGSConfig):
+        knob: int = 0
+
+    off, on = (paths(dataclasses.replace(base, lbfgs=LBFGSWithKnob(knob=v))) for v in (0, 1))
+    assert {m for m in UCI_METHODS if on[m] != off[m]} == {"ensemble-1", "ensemble-4"}
     # the run's key chooses the root
     assert experiment.store_dir(jax.random.key(0), base) != experiment.store_dir(jax.random.key(1), base)
+
+
+def test_each_family_is_keyed_by_the_settings_its_builder_receives():
+    """The settings that decide a family's cells are its builder's positional-only parameters, each a field of
+    UCIConfig; settings() lists them beside the protocol's."""
+    fields = {f.name for f in dataclasses.fields(UCIConfig)}
+    names = {f: experiment._setting_names(f) for f in experiment._FAMILIES}
+    assert names == {"ensemble": ("network", "lbfgs", "n_particles"), "gp": ("gp",), "mcd": ("network", "mcd"),
+                     "sghmc": ("network", "sghmc")}
+    assert all(set(v) <= fields for v in names.values())
+    cfg = UCIConfig.paper()
+    ens = experiment.settings(cfg, ["ensemble-1"])
+    assert set(ens) == {"protocol", "network", "lbfgs", "n_particles"} and ens["lbfgs"]["memory"] == 10
+    assert ens["protocol"] == {"noise_grid": list(cfg.noise_grid), "val_seed": 0, "val_fraction": 0.2}
+    assert set(experiment.settings(cfg, ["gp", "sghmc-1"])) == {"protocol", "gp", "network", "sghmc"}
+    assert experiment.settings(cfg, ["ensemble-4", "ensemble-1"]) == ens
+    with pytest.raises(ValueError, match="unknown UCI method 'nn-2'"):
+        experiment.settings(cfg, ["nn-2"])
 
 
 @needs_mirror
@@ -346,7 +375,7 @@ def test_mcd_cell_on_yacht(monkeypatch):
     from bootens_core.data import uci
 
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
-    cfg = UCIConfig(mcd_epochs_x=1, mcd_samples=50, width=8)
+    cfg = UCIConfig(mcd=MCDropoutConfig(epochs_x=1, samples=50), network=NetworkConfig(width=8))
     cell = harness.Cell("yacht", 0, "mcd-1")
     rec = experiment.compute_cell(jax.random.key(0), cfg, cell)
     grid = dropout.protocol_grid("yacht")
@@ -366,27 +395,28 @@ def test_sghmc_cell_on_yacht(monkeypatch):
     from bootens_core.repro import harness
 
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
-    cfg = UCIConfig(width=8, sghmc_restarts=2, sghmc_draws=3, sghmc_burn_in=50, sghmc_thin=5, noise_grid=(0.01, 0.1))
+    cfg = UCIConfig(network=NetworkConfig(width=8), sghmc=SGHMCConfig(restarts=2, draws=3, burn_in=50, thin=5),
+                    noise_grid=(0.01, 0.1))
     rec = experiment.compute_cell(jax.random.key(0), cfg, harness.Cell("yacht", 0, "sghmc-1"))
     assert (rec["method"], rec["hidden_layers"]) == ("sghmc", 1)
     assert rec["n_components"] + rec["diverged_particles"] == 2 * 3
     assert rec["noise_var_std_units"] in (0.01, 0.1) and len(rec["val_mnll"]) == 2
-    assert rec["info"]["step_size"] == pytest.approx(math.sqrt(cfg.sghmc_lr))  # lr_scaling "sqrt_lr"
-    assert rec["info"]["batch_size"] == cfg.sghmc_batch_size
+    assert rec["info"]["step_size"] == pytest.approx(math.sqrt(cfg.sghmc.lr))  # lr_scaling "sqrt_lr"
+    assert rec["info"]["batch_size"] == cfg.sghmc.batch_size
     assert all(math.isfinite(rec[k]) for k in ("test_rmse", "test_mnll", "coverage95"))
 
 
 @needs_mirror
 def test_sghmc_step_study_rows(monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
-    cfg = UCIConfig(width=8, sghmc_restarts=3, sghmc_draws=4, sghmc_burn_in=50, sghmc_thin=5)
+    cfg = UCIConfig(network=NetworkConfig(width=8), sghmc=SGHMCConfig(restarts=3, draws=4, burn_in=50, thin=5))
     st = experiment.sghmc_step_study(jax.random.key(0), cfg, dataset="yacht", step_sizes=(1e-3, 1e-2), noise_var=0.01)
     assert [r["step_size"] for r in st["rows"]] == [1e-3, 1e-2]
     assert (st["dataset"], st["split"], st["noise_var_std_units"]) == ("yacht", 0, 0.01)
     for r in st["rows"]:
         assert 0 <= r["diverged_restarts"] <= 3 and r["rhat_mean"] >= 0.9 and r["rhat_max"] >= r["rhat_mean"] * (1 - 1e-12)
         assert math.isfinite(r["test_rmse"]) and 0 <= r["coverage95"] <= 1
-    assert st["settings"]["sghmc_restarts"] == 3
+    assert st["settings"]["restarts"] == 3
 
 
 def test_expand_methods():

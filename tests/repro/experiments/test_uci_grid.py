@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bootens_core.repro import harness
-from bootens_core.repro.config import UCIConfig
+from bootens_core.repro.config import LBFGSConfig, NetworkConfig, UCIConfig
 from bootens_core.data import uci as uci_data
 from bootens_core.repro.experiments import uci
 
@@ -69,8 +69,8 @@ _MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().par
 @pytest.mark.parametrize("linesearch", ["zoom", "torch-strong-wolfe"])
 def test_batched_selection_equals_value_by_value(linesearch, monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", _MIRROR)
-    cfg = UCIConfig(n_particles=4, lbfgs_steps=2, lbfgs_iters_per_step=5, lbfgs_linesearch=linesearch,
-                    noise_grid=(1e-2, 1e-1, 1.0), dtype="float64")
+    cfg = UCIConfig(n_particles=4, lbfgs=LBFGSConfig(steps=2, iters_per_step=5, linesearch=linesearch),
+                    noise_grid=(1e-2, 1e-1, 1.0), network=NetworkConfig(dtype="float64"))
     data = uci_data.load("yacht", 0)
     key = jax.random.key(1)
     records = {}
