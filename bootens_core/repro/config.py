@@ -5,7 +5,8 @@
 must live here.
 
 The settings of one method are one sub-configuration (:class:`LBFGSConfig`, :class:`SGHMCConfig`,
-:class:`NUTSConfig`, :class:`MHConfig`, :class:`MCDropoutConfig`, :class:`GPConfig`, :class:`NetworkConfig`),
+:class:`NUTSConfig`, :class:`MHConfig`, :class:`MCDropoutConfig`, :class:`DropoutGridConfig`,
+:class:`GPConfig`, :class:`NetworkConfig`),
 a field of the experiment's configuration: ``cfg.lbfgs.step_size``, ``cfg.nuts.chains``. A field is named by
 its dotted path (``lbfgs.linesearch``; :func:`get`, :func:`replace`, the CLI's ``--set``); the flat names of
 earlier versions (``lbfgs_linesearch``, ``width``) are still understood, so committed ``config.json`` files
@@ -38,6 +39,7 @@ __all__ = [
     "LBFGSConfig",
     "GPConfig",
     "MCDropoutConfig",
+    "DropoutGridConfig",
     "SGHMCConfig",
     "MHConfig",
     "NUTSConfig",
@@ -265,6 +267,16 @@ class MCDropoutConfig:
 
     epochs_x: int = 100
     samples: int = 10_000
+
+
+@dataclass(frozen=True)
+class DropoutGridConfig:
+    """MC dropout with its own grid (the classification chapter): the dropout rate is chosen from
+    ``dropout_grid`` on held-out data, ``epochs`` of training, ``samples`` forward passes at test time."""
+
+    dropout_grid: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.2)
+    epochs: int = 500
+    samples: int = 1000
 
 
 @dataclass(frozen=True)
@@ -693,9 +705,7 @@ class ClassificationConfig:
     real_dtype: str = "float32"
     # MC dropout (softmax cross-entropy, Adam, Gal's weight decay with tau = 1): p chosen on the last 20% of
     # the training rows by validation MNLL, then refit on all of them.
-    mcd_dropout_grid: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.2)
-    mcd_epochs: int = 500
-    mcd_samples: int = 1000
+    mcd: DropoutGridConfig = DropoutGridConfig(dropout_grid=(0.005, 0.01, 0.05, 0.1, 0.2), epochs=500, samples=1000)
     ece_bins: int = 10
 
     @classmethod
@@ -705,7 +715,7 @@ class ClassificationConfig:
     @classmethod
     def paper(cls) -> ClassificationConfig:
         nuts = NUTSConfig(chains=10, warmup=1000, draws=200, max_tree_depth=10, target_accept=0.9)
-        return cls(nuts=nuts, n_splits=10, real_particles=200, mcd_samples=10_000)
+        return cls(nuts=nuts, n_splits=10, real_particles=200, mcd=dataclasses.replace(cls().mcd, samples=10_000))
 
 
 @dataclass(frozen=True)

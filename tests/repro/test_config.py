@@ -135,6 +135,9 @@ def test_sub_configurations_are_nested_dicts():
     assert d["network"]["width"] == 50 and d["sghmc"]["lr_scaling"] == "sqrt_lr" and d["gp"]["svgp_datasets"] == [
         "protein"]
     assert config.as_dict(config.DeepReluConfig.paper())["nuts"]["max_tree_depth"] == 10
+    assert config.as_dict(config.ClassificationConfig.paper())["mcd"] == {
+        "dropout_grid": [0.005, 0.01, 0.05, 0.1, 0.2], "epochs": 500, "samples": 10_000}
+    assert config.from_dict(config.ClassificationConfig, {"mcd_samples": 7}).mcd.epochs == 500
 
 
 def test_the_flat_names_of_earlier_versions_read_back():

@@ -189,7 +189,7 @@ def _mcd_fit(key: jax.Array, cfg: ClassificationConfig, x_tr, y_tr, rates, n_cla
     k_init, k_train = jax.random.split(key)
     params = dropout.init(k_init, x_tr.shape[1], 1, cfg.width, jnp.float32, out_dim=n_classes)
     fit = dropout.train_grid(k_train, params, x_tr, np.eye(n_classes)[y_tr], dropout=rates, tau=[1.0] * len(rates),
-                             epochs=cfg.mcd_epochs, likelihood="categorical")
+                             epochs=cfg.mcd.epochs, likelihood="categorical")
     return fit.params
 
 
@@ -203,18 +203,18 @@ def _mcd(key: jax.Array, cfg: ClassificationConfig, s: tabular.ClassificationSpl
     """Choose the dropout rate on the last 20% of the training rows (validation MNLL), refit on all of them."""
     k_sel, k_pred, k_fit, k_test = jax.random.split(key, 4)
     fit_rows, val_rows = dropout.validation_rows(s.y_train.size)
-    rates = tuple(float(p) for p in cfg.mcd_dropout_grid)
+    rates = tuple(float(p) for p in cfg.mcd.dropout_grid)
     grid = _mcd_fit(k_sel, cfg, s.x_train[fit_rows], s.y_train[fit_rows], rates, s.n_classes)
     scores = [
         metrics.class_mnll(
-            _mcd_probs(k_pred, jax.tree.map(lambda a, i=i: a[i], grid), s.x_train[val_rows], p, cfg.mcd_samples),
+            _mcd_probs(k_pred, jax.tree.map(lambda a, i=i: a[i], grid), s.x_train[val_rows], p, cfg.mcd.samples),
             s.y_train[val_rows],
         )
         for i, p in enumerate(rates)
     ]
     best = rates[int(np.argmin(scores))]
     final = jax.tree.map(lambda a: a[0], _mcd_fit(k_fit, cfg, s.x_train, s.y_train, (best,), s.n_classes))
-    return _mcd_probs(k_test, final, s.x_test, best, cfg.mcd_samples), best
+    return _mcd_probs(k_test, final, s.x_test, best, cfg.mcd.samples), best
 
 
 def _normalised(p: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bootens_core.repro import plots, report
-from bootens_core.repro.config import ClassificationConfig, NUTSConfig
+from bootens_core.repro.config import ClassificationConfig, DropoutGridConfig, NUTSConfig
 from bootens_core.repro.experiments import classification
 
 
@@ -44,8 +44,9 @@ def test_agreement_shape_errors():
 def tiny():
     cfg = dataclasses.replace(
         ClassificationConfig.quick(), width=8, n_data=20, n_particles=16, steps=30,
-        nuts=NUTSConfig(chains=2, warmup=60, draws=30, max_tree_depth=5), x_grid_points=21, alpha_eps_study=(0.01, 0.1), datasets=("wine",),
-        n_splits=2, real_particles=4, real_steps=10, mcd_dropout_grid=(0.05, 0.1), mcd_epochs=5, mcd_samples=20,
+        nuts=NUTSConfig(chains=2, warmup=60, draws=30, max_tree_depth=5), x_grid_points=21,
+        alpha_eps_study=(0.01, 0.1), datasets=("wine",), n_splits=2, real_particles=4, real_steps=10,
+        mcd=DropoutGridConfig(dropout_grid=(0.05, 0.1), epochs=5, samples=20),
     )
     return classification.run(jax.random.key(0), cfg, use_cache=False)
 
