@@ -492,7 +492,8 @@ def test_fold_keeps_a_record_whose_config_lacks_fields_of_other_families(blocked
     assert "kept 1 cell(s) of the record" in err and "differs" not in err
     assert json.loads((into / "summary.json").read_text())["n_cells"] == 4
     assert "sghmc" in json.loads((into / "config.json").read_text())  # rewritten with this configuration
-    (into / "config.json").write_text(json.dumps({**old, "lbfgs": {**old["lbfgs"], "memory": old["lbfgs"]["memory"] + 1}}))
+    bigger = {**old["lbfgs"], "memory": old["lbfgs"]["memory"] + 1}
+    (into / "config.json").write_text(json.dumps({**old, "lbfgs": bigger}))
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
     assert "differs from the one in" in err and "in lbfgs;" in err

@@ -26,16 +26,16 @@ line-search evaluations per iteration, memory 10) -- a named deviation.
 
 Each cell is stored as soon as it finishes (see :class:`~bootens_core.repro.harness.CellStore`), under a folder
 keyed by the PRNG key and, per method family, by the settings, modules and code that change that family's
-numbers (the settings its builder receives, :func:`settings`); a rerun with the same settings resumes, and an edit to one method keeps the
-finished cells of the others.
+numbers (the settings its builder receives, :func:`settings`); a rerun with the same settings resumes, and an
+edit to one method keeps the finished cells of the others.
 
 **A run that fits a short device window** (:func:`run_pending`; ``bootens run uci`` with ``--time-budget``,
-``--shard``, ``--pack``): the pending cells run in the order of :func:`priority` (ensembles first, 4 layers first, the large datasets
-first; then MC dropout and SGHMC; GP last), a cell starts only when its estimated seconds fit in the budget left
-(:class:`~bootens_core.repro.cellpack.CellTimes` on :func:`cost_units`), ``--shard I/N`` takes every N-th cell of
-that order, GP cells are skipped where GPflow/TensorFlow are not installed, every computed cell carries its
-provenance and compile seconds, and the finished cells go into one pack file that :func:`fold` merges into a
-cell store at home.
+``--shard``, ``--pack``): the pending cells run in the order of :func:`priority` (ensembles first, 4 layers
+first, the large datasets first; then MC dropout and SGHMC; GP last), a cell starts only when its estimated seconds
+fit in the budget left (:class:`~bootens_core.repro.cellpack.CellTimes` on :func:`cost_units`), ``--shard I/N``
+takes every N-th cell of that order, GP cells are skipped where GPflow/TensorFlow are not installed, every computed
+cell carries its provenance and compile seconds, and the finished cells go into one pack file that :func:`fold`
+merges into a cell store at home.
 """
 
 from __future__ import annotations
@@ -193,7 +193,8 @@ def _lbfgs(lbfgs: LBFGSConfig) -> ensemble.Optimizer:
     history_size=memory)``, one outer step per step (its ``iterations_per_step`` is ``iters_per_step``); the
     strong-Wolfe search allows 25 further evaluations (``max_ls=25``, PyTorch before 2.10, the paper's era).
     """
-    step_size, memory, linesearch, iters_per_step = lbfgs.step_size, lbfgs.memory, lbfgs.linesearch, lbfgs.iters_per_step
+    step_size, memory = lbfgs.step_size, lbfgs.memory
+    linesearch, iters_per_step = lbfgs.linesearch, lbfgs.iters_per_step
     if linesearch in (None, "zoom"):
         return ensemble.optimizer("lbfgs", step_size, memory_size=memory, linesearch=linesearch)
     if linesearch == "torch":
@@ -436,15 +437,19 @@ def settings(cfg: UCIConfig, method_ids: Iterable[str]) -> dict[str, Any]:
     for m in method_ids:
         if m not in UCI_METHODS:
             raise ValueError(f"unknown UCI method {m!r}: known are {', '.join(UCI_METHODS)}")
-        for name in _setting_names(m.partition("-")[0]):
-            out[name] = plain(getattr(cfg, name))
+        out.update(_family_settings(cfg, m.partition("-")[0]))
     return dict(sorted(out.items()))
+
+
+def _family_settings(cfg: UCIConfig, family: str) -> dict[str, Any]:
+    """The settings that decide a family's cells: the protocol's and the fields its builder receives."""
+    return {"protocol": plain(_protocol(cfg)),
+            **{name: plain(getattr(cfg, name)) for name in _setting_names(family)}}
 
 
 def _family_hash(cfg: UCIConfig, family: str) -> str:
     fam = _FAMILIES[family]
-    values = {"protocol": plain(_protocol(cfg)),
-              **{name: plain(getattr(cfg, name)) for name in _setting_names(family)}}
+    values = _family_settings(cfg, family)
     code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _protocol, fam.build))
     blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + fam.sources), "code": code},
                       sort_keys=True)
@@ -1472,8 +1477,8 @@ def run_pending(
     write()
     outcome = cellpack.run_budgeted(
         runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
-        estimate=times.estimate, budget_s=budget_s, workers=cfg.workers, clock=clock, start=t0, on_finish=on_finish, force=force,
-        progress=progress,
+        estimate=times.estimate, budget_s=budget_s, workers=cfg.workers, clock=clock, start=t0, on_finish=on_finish,
+        force=force, progress=progress,
     )
     left = set(outcome.remaining) | set(skipped)
     remaining, seen = [], set()

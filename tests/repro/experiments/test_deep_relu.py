@@ -66,7 +66,8 @@ def test_reference_noise_shape_errors():
 @pytest.mark.slow
 def test_tiny_run_has_the_contract_keys():
     cfg = dataclasses.replace(
-        DeepReluConfig.quick(), depth=2, width=8, mh=MHConfig(proposal_var=0.01, burn_in=50, thin=5, draws=10, chains=2),
+        DeepReluConfig.quick(), depth=2, width=8,
+        mh=MHConfig(proposal_var=0.01, burn_in=50, thin=5, draws=10, chains=2),
         nuts=NUTSConfig(chains=2, warmup=50, draws=20, max_tree_depth=5), n_particles=20, steps=30,
         stages=(0, 30), x_grid_points=15,
     )

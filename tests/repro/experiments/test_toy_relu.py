@@ -16,7 +16,8 @@ from bootens_core.repro.experiments import toy_relu
 
 # Small but complete: a short MH, few KL evaluations, a coarse grid, a small histogram study.
 CFG = dataclasses.replace(
-    ToyReluConfig.quick(), mh=MHConfig(proposal_var=0.5, burn_in=500, thin=50, draws=20, chains=4), steps=40, kl_every=10,
+    ToyReluConfig.quick(), mh=MHConfig(proposal_var=0.5, burn_in=500, thin=50, draws=20, chains=4), steps=40,
+    kl_every=10,
     grid_points=61, kl_particles=2000, kl_repeats=3, kl_dense_steps=30,
 )
 CONTRACT = ("kl_monotone_fraction", "kl_final_vs_mh", "kl_final_vs_exact", "kl_mh_vs_exact", "rhat_max", "ess_min")
