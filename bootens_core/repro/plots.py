@@ -21,7 +21,8 @@ from .store import Result
 __all__ = [
     "STYLE",
     "COLORS",
-    "univariate",
+    "styled",
+    "band",
     "linear_stages",
     "linear_particles",
     "linear_kl",
@@ -70,7 +71,9 @@ COLORS = {
 }
 
 
-def _styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
+def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
+    """Draw ``fn``'s figure in the book's style (:data:`STYLE`) and return it closed."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Figure:
         with plt.rc_context(STYLE):
@@ -83,37 +86,13 @@ def _styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
     return wrapper
 
 
-@_styled
-def univariate(result: Result) -> Figure:
-    """Figure 1: histograms of the particles at each stage against the analytic posterior density."""
-    stages, particles = result["stages"], result["particles"]
-    mean_p, sd_p = result["posterior"]
-    prior_sd = result.summary["prior_sd"]
-    lo, hi = min(-3 * prior_sd, particles.min()), max(3 * prior_sd, particles.max())
-    grid = np.linspace(lo, hi, 400)
-    fig, axes = plt.subplots(1, len(stages), figsize=(2.1 * len(stages), 2.3), sharex=True, sharey=True)
-    for i, (ax, t) in enumerate(zip(np.atleast_1d(axes), stages, strict=True)):
-        ax.hist(particles[i], bins=30, range=(lo, hi), density=True, color=COLORS["particles"], alpha=0.55,
-                label="particles")
-        ax.plot(grid, stats.norm.pdf(grid, 0, prior_sd), ls=":", color=COLORS["prior"], label="prior")
-        ax.plot(grid, stats.norm.pdf(grid, mean_p, sd_p), color=COLORS["posterior"], label="exact posterior")
-        ax.plot(grid, stats.norm.pdf(grid, result["law_mean"][i], result["law_sd"][i]), ls="--", lw=1.1,
-                color=COLORS["law"], label="exact law of the particles")
-        ax.set_title(f"step {t}")
-        ax.set_xlabel("w")
-    np.atleast_1d(axes)[0].set_ylabel("density")
-    np.atleast_1d(axes)[-1].legend(loc="upper left", frameon=False)
-    fig.tight_layout()
-    return fig
-
-
 def _ylim(result: Result) -> tuple[float, float]:
     y = result["y"]
     pad = 1.5 * (y.max() - y.min())
     return float(y.min() - pad), float(y.max() + pad)
 
 
-@_styled
+@styled
 def linear_stages(result: Result, run: str = "deviation", n_lines: int = 200) -> Figure:
     """Figure 2: the particles' predictive functions at stages, beside exact posterior samples.
 
@@ -137,7 +116,7 @@ def linear_stages(result: Result, run: str = "deviation", n_lines: int = 200) ->
     return fig
 
 
-@_styled
+@styled
 def linear_particles(result: Result, n: int = 10, run: str = "deviation") -> Figure:
     """Figure 5 (left panels): ``n`` particles at stages over the exact posterior mean and 95% band."""
     stages = result["stages"] if run == "deviation" else result["paper_stages"]
@@ -160,7 +139,7 @@ def linear_particles(result: Result, n: int = 10, run: str = "deviation") -> Fig
     return fig
 
 
-@_styled
+@styled
 def linear_kl(result: Result) -> Figure:
     """Figure 5 (right panel) and more: KL(q_t || p) along the optimisation against the self-distance.
 
@@ -197,14 +176,14 @@ def linear_kl(result: Result) -> Figure:
     return fig
 
 
-def _band(ax, xg, f, color, label):
+def band(ax: Any, xg: np.ndarray, f: np.ndarray, color: str, label: str) -> None:
     """Mean and central 95% band of predictive functions ``f`` ``(k, n_x)``."""
     lo, hi = np.percentile(f, [2.5, 97.5], axis=0)
     ax.fill_between(xg, lo, hi, color=color, alpha=0.18, lw=0)
     ax.plot(xg, f.mean(0), color=color, lw=1.3, label=label)
 
 
-@_styled
+@styled
 def toy_relu(result: Result, n_lines: int = 200) -> Figure:
     """Figure 4: predictive functions (ensemble, MH) and the bivariate weight densities (KDEs, exact)."""
     x, y, xg = result["x"], result["y"], result["x_grid"]
@@ -246,7 +225,7 @@ def toy_relu(result: Result, n_lines: int = 200) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def toy_relu_kl(result: Result) -> Figure:
     """Figure 4 (last panel): KL(q_t || p) along Algorithm 1, against MH (the paper's) and the exact posterior."""
     s = result.summary
@@ -268,7 +247,7 @@ def toy_relu_kl(result: Result) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def deep_relu_stages(result: Result, n_lines: int = 200) -> Figure:
     """Figure 3: 200 particles' functions at the optimisation stages, and the NUTS reference."""
     x, y, xg = result["x"], result["y"], result["x_grid"]
@@ -287,14 +266,14 @@ def deep_relu_stages(result: Result, n_lines: int = 200) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def deep_relu_agreement(result: Result) -> Figure:
     """Ensemble vs NUTS on the x grid: mean and 95% bands, and the ratio of predictive standard deviations."""
     x, y, xg = result["x"], result["y"], result["x_grid"]
     f_q, f_r = result["f_stages"][-1], result["f_nuts"]
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.5, 2.9))
-    _band(ax0, xg, f_r, COLORS["paper"], "NUTS mean, 95% band")
-    _band(ax0, xg, f_q, COLORS["particles"], "ensemble mean, 95% band")
+    band(ax0, xg, f_r, COLORS["paper"], "NUTS mean, 95% band")
+    band(ax0, xg, f_q, COLORS["particles"], "ensemble mean, 95% band")
     ax0.plot(x, y, "o", ms=2.0, color=COLORS["data"])
     ax0.set_ylim(*_ylim(result))
     ax0.set_xlabel("x")
@@ -319,7 +298,7 @@ def deep_relu_agreement(result: Result) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def deep_relu_along(result: Result, limit: float = 2.0) -> Figure:
     """The ensemble's distance from the NUTS reference along the optimisation, in units of the reference's
     own half-vs-half noise: the mean difference and |log sd ratio|; ``limit`` is the rule's threshold
@@ -340,7 +319,7 @@ def deep_relu_along(result: Result, limit: float = 2.0) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def deep_relu_faithful(result: Result, n_lines: int = 50) -> Figure:
     """The paper's setting: prior functions under N(0, 1) weights vs the deviation prior, and MH's log density."""
     xg = result["x_grid"]
@@ -363,7 +342,7 @@ def deep_relu_faithful(result: Result, n_lines: int = 50) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def theory_linear(result: Result) -> Figure:
     """The linear model: the exact first-order KL change per unit step, the particles' score-based estimate,
     and Theorem 1's expression (measured and its exact expectation); right: the same without perturbations."""
@@ -390,7 +369,7 @@ def theory_linear(result: Result) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def theory_conditions(result: Result) -> Figure:
     """For every setting: the two sides of Theorem 1 along Algorithm 1 (top) and Theorem 2's curvature term
     beside the left-hand sides of the paper's and the corrected Theorem 2 (bottom)."""
@@ -429,7 +408,7 @@ _UCI_METHOD_ORDER = ("ensemble-1", "ensemble-4", "mcd-1", "mcd-4", "sghmc-1", "g
 _BENCH_COLORS = {"boston": "#1f77b4", "kin8nm": "#2ca02c", "protein": "#d62728"}
 
 
-@_styled
+@styled
 def bench_throughput(docs: dict[str, dict[str, Any]]) -> Figure:
     """The benchmark (``bench.json`` documents by label, one row of panels each): particle-steps/s against
     the number of particles ``k``, the speed-up over the loop of single-particle trainings (JAX solid,
@@ -480,7 +459,7 @@ def bench_throughput(docs: dict[str, dict[str, Any]]) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def profile_calls(doc: dict[str, Any]) -> Figure:
     """The profile of the whole (:func:`bootens_core.repro.profiling.measure`): for every stage, its first and second
     call in one process, wall time split into compilation (tracing, lowering, XLA) and the rest; the number
@@ -519,7 +498,7 @@ def _uci_cells(result: Result) -> list[dict[str, Any]]:
     return rows
 
 
-@_styled
+@styled
 def uci_splits(result: Result, metrics: tuple[str, ...] = ("rmse", "mnll", "coverage95")) -> Figure:
     """Split-level UCI results: one row per dataset, one column per metric; for each method the value of
     every split (dots), our mean ± std over splits (black) and the paper's mean ± std (orange, a reference).
@@ -610,7 +589,7 @@ def _clip_outliers(ax, ours: list[float], paper: list[tuple[float, float]], extr
     ax.set_ylim(lo, hi)
 
 
-@_styled
+@styled
 def uci_lbfgs(check: dict[str, Any]) -> Figure:
     """The L-BFGS check on one particle (:func:`bootens_core.repro.experiments.uci.lbfgs_check`): the loss of the
     paper's fixed-step L-BFGS (by hand and through ``ensemble.train``), optax's line-search L-BFGS and scipy's
@@ -657,7 +636,7 @@ def _class_data(ax, result: Result) -> None:
     ax.set_xlabel("x")
 
 
-@_styled
+@styled
 def classification_bands(result: Result) -> Figure:
     """The appendix figure: mean and 95% band of p(y = 1 | x) over the classifiers of the bootstrap ensemble,
     the plain ensemble and the NUTS reference (each panel overlays the reference's band edges)."""
@@ -667,7 +646,7 @@ def classification_bands(result: Result) -> Figure:
               ("nuts", "NUTS, Bernoulli likelihood")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.0), sharey=True)
     for ax, (key, title) in zip(axes, panels, strict=True):
-        _band(ax, xg, result[f"p_{key}"], _CLASS_COLORS[key], "mean, 95% band")
+        band(ax, xg, result[f"p_{key}"], _CLASS_COLORS[key], "mean, 95% band")
         if key != "nuts":
             ax.plot(xg, lo_r, color=_CLASS_COLORS["nuts"], lw=0.9, ls=":")
             ax.plot(xg, hi_r, color=_CLASS_COLORS["nuts"], lw=0.9, ls=":", label="NUTS band edges")
@@ -680,7 +659,7 @@ def classification_bands(result: Result) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def classification_latent(result: Result) -> Figure:
     """The label transform: each class's latent targets ``y~`` with ``±2 sigma~`` bars (log-normal moment
     matching of Gamma(y + alpha_eps, 1)), and how much the particles' mean loss still decreases per L-BFGS
@@ -705,7 +684,7 @@ def classification_latent(result: Result) -> Figure:
     return fig
 
 
-@_styled
+@styled
 def classification_reliability(result: Result, dataset: str, n_bins: int | None = None) -> Figure:
     """Reliability diagrams of one real dataset (test rows of every split pooled): accuracy against mean
     confidence per bin, bar width by bin, the bins' counts underneath; the diagonal is perfect calibration."""
@@ -737,7 +716,7 @@ def classification_reliability(result: Result, dataset: str, n_bins: int | None 
     return fig
 
 
-@_styled
+@styled
 def classification_alpha(result: Result) -> Figure:
     """Agreement with NUTS against alpha_eps: |mean difference| and |band-edge difference| averaged over the
     grid, with the reference's own noise floor, and the band at the best alpha_eps."""
@@ -754,8 +733,8 @@ def classification_alpha(result: Result) -> Figure:
     ax0.set_ylabel("mean |bootstrap − NUTS| over x")
     ax0.legend(frameon=False, fontsize=7)
     xg = result["x_grid"]
-    _band(ax1, xg, result["p_nuts"], _CLASS_COLORS["nuts"], "NUTS")
-    _band(ax1, xg, result["p_bootstrap_alpha_best"], _CLASS_COLORS["bootstrap"],
+    band(ax1, xg, result["p_nuts"], _CLASS_COLORS["nuts"], "NUTS")
+    band(ax1, xg, result["p_bootstrap_alpha_best"], _CLASS_COLORS["bootstrap"],
           f"bootstrap, alpha_eps = {s['alpha_eps_best_band_mad']:g}")
     _class_data(ax1, result)
     ax1.set_ylabel("p(y = 1 | x)")

@@ -22,7 +22,11 @@ __all__ = [
     "Provenance",
     "deep_relu_reference",
     "verdict_table",
-    "univariate_verdict",
+    "distance",
+    "p_to_z",
+    "all_pass",
+    "sig",
+    "pm",
     "linear_verdicts",
     "toy_relu_verdicts",
     "deep_relu_verdicts",
@@ -157,21 +161,21 @@ class Provenance:
                 f"<table>{rows}</table></details>")
 
 
-def _dist(value: float, threshold: float, scale: float | None) -> float | None:
+def distance(value: float, threshold: float, scale: float | None) -> float | None:
     """|value - threshold| in units of ``scale`` (None without a usable scale)."""
     if scale is None or not np.isfinite(scale) or scale <= 0:
         return None
     return abs(float(value) - float(threshold)) / float(scale)
 
 
-def _p_to_z(p: float) -> float:
+def p_to_z(p: float) -> float:
     """The normal quantile of a p-value: a rerun moves it by about one unit, whatever p is."""
     from scipy import stats
 
     return float(stats.norm.isf(min(max(float(p), 1e-300), 1.0 - 1e-16)))
 
 
-def _all_pass(conds: list[tuple[bool, float | None]]) -> tuple[bool, float | None]:
+def all_pass(conds: list[tuple[bool, float | None]]) -> tuple[bool, float | None]:
     """Combine conditions that must all hold. Margin: if all hold, the closest one to failing; otherwise
     the failing condition farthest from its threshold (all failing ones would have to flip)."""
     ok = all(c for c, _ in conds)
@@ -194,21 +198,6 @@ def verdict_table(verdicts: dict[str, Verdict], labels: dict[str, str] | None = 
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def univariate_verdict(s: dict[str, Any]) -> Verdict:
-    """Figure 1 is reproduced when the final particles match the posterior within 4 Monte-Carlo scales."""
-    me, me_sc = s["mean_error_sd"], s["mean_error_sd_mc_scale"]
-    sr, sr_sc = s["sd_ratio"], s["sd_ratio_mc_scale"]
-    z_ks, z_cut = _p_to_z(s["ks_pvalue"]), _p_to_z(1e-3)
-    ok, margin = _all_pass([
-        (me < 4 * me_sc, _dist(me, 4 * me_sc, me_sc)),
-        (abs(sr - 1) < 4 * sr_sc, _dist(abs(sr - 1), 4 * sr_sc, sr_sc)),
-        (s["ks_pvalue"] > 1e-3, _dist(z_ks, z_cut, 1.0)),
-    ])
-    evidence = (f"mean error {me:.3f} sd (limit {4 * me_sc:.3f}); sd ratio {sr:.3f} (limit 1 ± {4 * sr_sc:.3f}); "
-                f"KS p = {s['ks_pvalue']:.3g} (limit 0.001)")
-    return Verdict("reproduced" if ok else "NOT reproduced", evidence, margin)
-
-
 def linear_verdicts(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> dict[str, Verdict]:
     """Verdicts of the linear chapter.
 
@@ -225,12 +214,12 @@ def linear_verdicts(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> 
     kl_ok = s["kl_final"] <= limit
     paper_ok = s["paper_setting_kl_final"] <= limit
     # Either comparison flipping changes the verdict: the margin is the closer of the two.
-    m_kl, m_paper = _dist(s["kl_final"], limit, sd), _dist(s["paper_setting_kl_final"], limit, sd)
+    m_kl, m_paper = distance(s["kl_final"], limit, sd), distance(s["paper_setting_kl_final"], limit, sd)
     kl_margin = None if m_kl is None or m_paper is None else min(m_kl, m_paper)
-    map_ok, map_margin = _all_pass([
-        (abs(s["map_cov_z"]) < 4, _dist(abs(s["map_cov_z"]), 4, 1.0)),
-        (abs(s["map_subspace_kl_z"]) < 4, _dist(abs(s["map_subspace_kl_z"]), 4, 1.0)),
-        (s["map_mean_chi2_pvalue"] > 1e-3, _dist(_p_to_z(s["map_mean_chi2_pvalue"]), _p_to_z(1e-3), 1.0)),
+    map_ok, map_margin = all_pass([
+        (abs(s["map_cov_z"]) < 4, distance(abs(s["map_cov_z"]), 4, 1.0)),
+        (abs(s["map_subspace_kl_z"]) < 4, distance(abs(s["map_subspace_kl_z"]), 4, 1.0)),
+        (s["map_mean_chi2_pvalue"] > 1e-3, distance(p_to_z(s["map_mean_chi2_pvalue"]), p_to_z(1e-3), 1.0)),
     ])
     if kl_ok and paper_ok:
         kl = "reproduced"
@@ -258,7 +247,7 @@ def linear_verdicts(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> 
             c_ev += (f"; the same run continued: within the limit from step {first}" if first is not None else
                      f"; the same run continued to {c['paper_setting_continued_steps']} steps: never within it")
         out["scaled"] = Verdict(f"{'reaches' if c_ok else 'does not reach'} the self-distance in {n} steps", c_ev,
-                                _dist(c["paper_setting_kl_final"], c_limit, c_sd))
+                                distance(c["paper_setting_kl_final"], c_limit, c_sd))
     return out
 
 
@@ -308,7 +297,7 @@ def toy_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
     rise = s["kl_max_increase"]
     kde = Verdict("reproduced" if rise <= noise else "NOT reproduced (a rise beyond the estimator's noise)",
                   f"paper's estimator (200-particle KDE): largest rise {rise:.3g} against 2 sd of its self-distance "
-                  f"= {noise:.3g}", _dist(rise, noise, sd))
+                  f"= {noise:.3g}", distance(rise, noise, sd))
     if h is not None:
         conds, falls_all, rises_min = [], {}, {}
         texts = {"falls": "falls beyond its noise", "rises": "rises beyond its noise",
@@ -333,7 +322,7 @@ def toy_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
                 f"{st['rise_after_min']:.4g} ± {st['rise_after_min_se']:.2g} (t = {t:.1f}, limit {TOY_KL_T:g})",
                 None if m is None else abs(t - TOY_KL_T))
             conds.append((not rises_min[lab], None if m is None else abs(t - TOY_KL_T)))
-        ok, margin = _all_pass(conds)
+        ok, margin = all_pass(conds)
         if ok:
             text = "reproduced"
         elif not all(falls_all.values()):
@@ -350,7 +339,7 @@ def toy_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
     out["rhat"] = Verdict(
         "reproduced" if s["rhat_max"] <= q99 else "NOT reproduced (largest R-hat above i.i.d. noise)",
         f"largest predictive R-hat {s['rhat_max']:.3f} against the i.i.d. 99% quantile {q99:.3f}",
-        _dist(s["rhat_max"], q99, rhat_scale))
+        distance(s["rhat_max"], q99, rhat_scale))
     not_post = "NOT the exact posterior (as the paper says, the ensemble is not the same as MCMC)"
     if h is not None:
         st = h["paper_step"]
@@ -360,13 +349,13 @@ def toy_relu_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
         out["posterior"] = Verdict(
             not_post if far else "the exact posterior",
             f"final histogram KL {st['kl_final']:.4g} ± {st['kl_final_se']:.2g} against exact posterior draws "
-            f"{h['bias_posterior']:.2g} ± {h['bias_posterior_se']:.2g} (limit: 4 SE)", _dist(d, TOY_KL_T * se, se))
+            f"{h['bias_posterior']:.2g} ± {h['bias_posterior_se']:.2g} (limit: 4 SE)", distance(d, TOY_KL_T * se, se))
     else:
         floor = s["kde_self_distance_mean"] + noise
         out["posterior"] = Verdict(
             "the exact posterior" if s["kl_final_vs_exact"] <= floor else not_post,
             f"final KL to the exact posterior {s['kl_final_vs_exact']:.3g} against the floor "
-            f"{s['kde_self_distance_mean']:.3g} + 2 × {sd:.3g}", _dist(s["kl_final_vs_exact"], floor, sd))
+            f"{s['kde_self_distance_mean']:.3g} + 2 × {sd:.3g}", distance(s["kl_final_vs_exact"], floor, sd))
     first = [k for k in ("kl", "kl_kde") if k in out]
     return {k: out[k] for k in first + [k for k in out if k not in first]}
 
@@ -381,8 +370,8 @@ def _deep_relu_agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[b
     """Two-sided agreement of one step with the reference: (agrees, margin, evidence)."""
     um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
     ls = abs(float(np.log(sd_ratio)))
-    ok, margin = _all_pass([(mad <= DEEP_RELU_T * um, _dist(mad, DEEP_RELU_T * um, um)),
-                            (ls <= DEEP_RELU_T * us, _dist(ls, DEEP_RELU_T * us, us))])
+    ok, margin = all_pass([(mad <= DEEP_RELU_T * um, distance(mad, DEEP_RELU_T * um, um)),
+                            (ls <= DEEP_RELU_T * us, distance(ls, DEEP_RELU_T * us, us))])
     ev = (f"mean |Δmean|/sd {mad:.3g} against {DEEP_RELU_T:g} × {um:.3g}; |log sd ratio| {ls:.3g} "
           f"(ratio {sd_ratio:.3g}) against {DEEP_RELU_T:g} × {us:.3g}")
     return ok, margin, ev
@@ -487,7 +476,7 @@ def theory_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
     statement about Algorithm 1. Margins are in z units.
     """
     zp, zc = s["lemma1_z_paper_abs_max"], s["lemma1_z_corrected_abs_max"]
-    lem, lem_margin = _all_pass([(zp > 5, _dist(zp, 5, 1.0)), (zc < 4, _dist(zc, 4, 1.0))])
+    lem, lem_margin = all_pass([(zp > 5, distance(zp, 5, 1.0)), (zc < 4, distance(zc, 4, 1.0))])
     lin = s["linear"]
     z1 = lin["theorem1_max_z_vs_exact_kl_rate"]
     t1 = "is NOT the KL rate along Algorithm 1" if z1 > 5 else ("matches the KL rate" if z1 < 4 else "not settled")
@@ -507,9 +496,9 @@ def theory_verdicts(s: dict[str, Any]) -> dict[str, Verdict]:
                           f"largest |z| of the printed identity {zp:.3g} (refuted above 5), of the corrected one "
                           f"{zc:.2f} (holds below 4)", lem_margin),
         "linear_rate": Verdict("matches the exact rate" if zr < 4 else "does NOT match",
-                               f"largest |z| against the exact rate {zr:.2f} (limit 4)", _dist(zr, 4, 1.0)),
+                               f"largest |z| against the exact rate {zr:.2f} (limit 4)", distance(zr, 4, 1.0)),
         "theorem1_linear": Verdict(t1, f"largest |z| against the exact rate {z1:.3g} (refuted above 5, matches "
-                                   "below 4)", min(_dist(z1, 5, 1.0), _dist(z1, 4, 1.0))),
+                                   "below 4)", min(distance(z1, 5, 1.0), distance(z1, 4, 1.0))),
         "theorem2": Verdict(t2, t2_ev, lem_margin),
     }
 
@@ -579,7 +568,7 @@ def bench_verdicts(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
     return out
 
 
-def _sig(x: float, digits: int = 3) -> str:
+def sig(x: float, digits: int = 3) -> str:
     """``x`` to ``digits`` significant digits, positional (0.00123, 3.04, 1230)."""
     if not np.isfinite(x):
         return str(x)
@@ -590,7 +579,8 @@ def _sig(x: float, digits: int = 3) -> str:
     return f"{rounded:.{decimals}f}"
 
 
-def _pm(mean: float, std: float) -> str:
+def pm(mean: float, std: float) -> str:
+    """``mean ± std`` to the digits a table shows; ``diverged`` for a non-finite mean."""
     if not np.isfinite(mean):
         return "diverged"
     return f"{mean:.3g} ± {std:.2g}" if abs(mean) >= 100 else f"{mean:.2f} ± {std:.2f}"
@@ -601,8 +591,8 @@ def _ours(r: Mapping[str, Any]) -> str:
     if not np.isfinite(r["mean"]):
         return f"diverged ({r['n_splits']})"
     if not np.isfinite(r.get("se", float("nan"))):
-        return f"{_sig(r['mean'])} ({r['n_splits']})"
-    return f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} (SD {_sig(r['sd'], 2)}, {r['n_splits']})"
+        return f"{sig(r['mean'])} ({r['n_splits']})"
+    return f"{sig(r['mean'])} ± {sig(r['se'], 2)} (SD {sig(r['sd'], 2)}, {r['n_splits']})"
 
 
 def uci_table(
@@ -632,7 +622,7 @@ def uci_table(
             p = ref.get((d, meth, layers, metric))
             if p:
                 n_p = PAPER_SPLITS[d]
-                paper.append(f"{p[0]:.2f} ± {_sig(max(p[1], 0.005) / np.sqrt(n_p), 2)} (SD {p[1]:.2f}, {n_p})")
+                paper.append(f"{p[0]:.2f} ± {sig(max(p[1], 0.005) / np.sqrt(n_p), 2)} (SD {p[1]:.2f}, {n_p})")
             else:
                 paper.append("—")
             if r is not None:
@@ -703,7 +693,7 @@ def uci_coverage(summary: dict[str, Any]) -> pd.DataFrame:
         {
             "dataset": [r["dataset"] for r in rows],
             "method": [_UCI_LABELS[(r["method"], int(r["hidden_layers"]))] for r in rows],
-            "coverage": [_pm(r["mean"], r["std"]) for r in rows],
+            "coverage": [pm(r["mean"], r["std"]) for r in rows],
         }
     )
     return out.pivot(index="dataset", columns="method", values="coverage").fillna("not run")
@@ -723,7 +713,7 @@ def uci_runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
                 continue
             name = f"{r['dataset']}, {_UCI_LABELS[(r['method'], int(r['hidden_layers']))]}"
             div = f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""
-            col[name] = f"{_pm(r['mean'], r['std'])} ({r['n_splits']} splits{div})"
+            col[name] = f"{pm(r['mean'], r['std'])} ({r['n_splits']} splits{div})"
         table[label] = col
     names = list(next(iter(table.values()), {}))
     return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
@@ -897,8 +887,8 @@ def uci_paired(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> pd.
             "dataset": r["dataset"], "metric": r["metric"].upper(), "ensemble": _label(r["ensemble"]),
             "baseline": _label(r["baseline"]),
             "splits": r["n"] if not r["dropped"] else f"{r['n']} ({r['dropped']} failed, left out)",
-            "ensemble − baseline": (f"{_sig(r['diff'])} ± {_sig(r['se'], 2)}" if ok else
-                                    (_sig(r["diff"]) if np.isfinite(r["diff"]) else "—")),
+            "ensemble − baseline": (f"{sig(r['diff'])} ± {sig(r['se'], 2)}" if ok else
+                                    (sig(r["diff"]) if np.isfinite(r["diff"]) else "—")),
             "t (df)": f"{r['t']:.2f} ({r['df']})" if ok else "—",
             "p": f"{r['p']:.3g}" if np.isfinite(r["p"]) else "—",
             "ensemble is": r["verdict"],
@@ -916,7 +906,7 @@ def uci_ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     table: dict[tuple[str, str], dict[str, Any]] = {}
     for r in ranking(records):
         row = table.setdefault((r["dataset"], r["metric"].upper()), {"splits": r["splits"], "order": []})
-        row["order"].append(f"{_label(r['method'])} {_sig(r['mean'])} (rank {r['mean_rank']:.1f})")
+        row["order"].append(f"{_label(r['method'])} {sig(r['mean'])} (rank {r['mean_rank']:.1f})")
     index = pd.MultiIndex.from_tuples(list(table), names=["dataset", "metric"])
     return pd.DataFrame({"common splits": [v["splits"] for v in table.values()],
                          "best to worst: mean (mean rank)": [" · ".join(v["order"]) for v in table.values()]},
@@ -940,12 +930,12 @@ def uci_claim(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> tupl
         evidence.append(
             f"{_label(e)}: competitive on {v['competitive']} of {len(v['pairs'])} dataset × metric pairs "
             f"(needs {v['needed']})" + ("; significantly worse on " + ", ".join(
-                f"{p['dataset']} {p['metric'].upper()} than {_label(p['baseline'])} ({_sig(p['diff'])} ± "
-                f"{_sig(p['se'], 2)}, p {p['p']:.3g})" for p in worse) if worse else ""))
+                f"{p['dataset']} {p['metric'].upper()} than {_label(p['baseline'])} ({sig(p['diff'])} ± "
+                f"{sig(p['se'], 2)}, p {p['p']:.3g})" for p in worse) if worse else ""))
         for p in v["pairs"]:
             rows.append({"ensemble": _label(e), "dataset": p["dataset"], "metric": p["metric"].upper(),
                          "best baseline": _label(p["baseline"]), "splits": p["n"],
-                         "ensemble − best": f"{_sig(p['diff'])} ± {_sig(p['se'], 2)}", "p": f"{p['p']:.3g}",
+                         "ensemble − best": f"{sig(p['diff'])} ± {sig(p['se'], 2)}", "p": f"{p['p']:.3g}",
                          "competitive": "yes" if p["competitive"] else "no (significantly worse)"})
     text = {"supported": "supported: the ensembles are competitive on most dataset × metric pairs",
             "partly supported": "partly supported: one ensemble is competitive on most pairs, the other not",
@@ -987,7 +977,7 @@ def uci_published(*ours: dict[str, Any]) -> pd.DataFrame:
         r = mine.get((d, metric, *method))
         if r is None:
             return "not run"
-        return f"{_sig(r['mean'])} ± {_sig(r['se'], 2)} ({r['n_splits']})" if np.isfinite(r.get("se", np.nan)) else _ours(r)
+        return f"{sig(r['mean'])} ± {sig(r['se'], 2)} ({r['n_splits']})" if np.isfinite(r.get("se", np.nan)) else _ours(r)
 
     index = pd.MultiIndex.from_tuples([(d, label) for d in datasets for label, _ in sources], names=["dataset", "source"])
     return pd.DataFrame(
@@ -1060,7 +1050,7 @@ def uci_mnll_excess(records: Sequence[Mapping[str, Any]] = ()) -> tuple[pd.DataF
                 e, se = _excess(p_mnll[0], max(p_mnll[1], 0.005) / np.sqrt(n_p), p_rmse[0],
                                 max(p_rmse[1], 0.005) / np.sqrt(n_p))
                 se = max(se, 0.005 / (p_rmse[0] - 0.005))
-                paper_e = f"{_sig(e, 2)} ± {_sig(se, 2)}"
+                paper_e = f"{sig(e, 2)} ± {sig(se, 2)}"
                 _tally(tally["paper"], e, se)
             else:
                 paper_e = "— (RMSE rounds to 0)"
@@ -1070,7 +1060,7 @@ def uci_mnll_excess(records: Sequence[Mapping[str, Any]] = ()) -> tuple[pd.DataF
             if len(cell) >= 2 and np.all(np.isfinite(rm)) and np.all(np.isfinite(nl)) and np.all(rm > 0):
                 k = len(cell)
                 e, se = _excess(nl.mean(), nl.std(ddof=1) / np.sqrt(k), rm.mean(), rm.std(ddof=1) / np.sqrt(k))
-                ours_e = f"{_sig(e, 2)} ± {_sig(se, 2)} ({k})"
+                ours_e = f"{sig(e, 2)} ± {sig(se, 2)} ({k})"
                 _tally(tally["ours"], e, se)
             elif not cell:
                 ours_e = "not run"

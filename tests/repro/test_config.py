@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bootens_core.repro import config
-from bootens_core.repro.config import LinearConfig, UnivariateConfig, as_dict, for_profile, profile
+from bootens_core.repro.config import LinearConfig, as_dict, for_profile, profile
+from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 
 CONFIGS = [UnivariateConfig, LinearConfig]
 

@@ -13,30 +13,12 @@ import pytest
 from matplotlib.figure import Figure
 
 from bootens_core.repro import plots
-from bootens_core.repro.config import UnivariateConfig
-from bootens_core.repro.experiments import univariate
 
 
 def render(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def uni():
-    cfg = UnivariateConfig.quick()
-    return univariate.run(jax.random.key(cfg.seed), cfg)
-
-
-def test_univariate_figure(uni):
-    before = set(plt.get_fignums())
-    fig = plots.univariate(uni)
-    assert isinstance(fig, Figure)
-    assert len(fig.axes) == len(uni["stages"])
-    assert [ax.get_title() for ax in fig.axes] == [f"step {t}" for t in uni["stages"]]
-    assert set(plt.get_fignums()) == before  # closed: a notebook shows it once, from the return value
-    assert render(fig).startswith(b"\x89PNG")
 
 
 def _uci_result(values):

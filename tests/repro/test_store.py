@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from bootens_core.repro import store
-from bootens_core.repro.config import UnivariateConfig, as_dict
+from bootens_core.repro.config import as_dict
+from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 
 CFG = UnivariateConfig.quick()
 

@@ -1,4 +1,4 @@
-"""Figure 1: 200 particles of a one-weight linear-Gaussian model converge to the exact posterior."""
+"""Figure 1's run: train the particles and measure them against the exact posterior."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import jax
 import numpy as np
 from scipy import stats
 
-from ... import ensemble, models
-from ...exact import linear
-from .. import store
-from ..config import UnivariateConfig, require_x64
-from ...data import synthetic
+from .... import ensemble, models
+from ....exact import linear
+from ... import store
+from ...config import require_x64
+from .config import UnivariateConfig
+from ....data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run"]
 

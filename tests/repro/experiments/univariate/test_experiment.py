@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro.config import UnivariateConfig
+from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 from bootens_core.repro.experiments import univariate
 
 CFG = UnivariateConfig.quick()
