@@ -1,8 +1,10 @@
-"""Experiment configurations: one frozen dataclass per experiment, each with ``quick()`` and ``paper()``.
+"""Configurations: profiles, the helpers every configuration shares, and the methods' sub-configurations.
 
-``profile()`` is the only place that reads ``BOOTENS_PROFILE``. A configuration is plain data: it is hashed
-(with the PRNG key and the package source) into the result-cache key, so every field that changes a result
-must live here.
+An experiment's configuration is one frozen dataclass with ``quick()`` and ``paper()``; it lives beside the
+experiment (``experiments/<name>/config.py``; the UCI tables' :class:`UCIConfig`, the benchmark's and the
+profiler's are here while their experiments are single modules). ``profile()`` is the only place that reads
+``BOOTENS_PROFILE``. A configuration is plain data: it is hashed (with the PRNG key and the package source)
+into the result-cache key, so every field that changes a result must live in it.
 
 The settings of one method are one sub-configuration (:class:`LBFGSConfig`, :class:`SGHMCConfig`,
 :class:`NUTSConfig`, :class:`MHConfig`, :class:`MCDropoutConfig`, :class:`DropoutGridConfig`,
@@ -23,12 +25,7 @@ from typing import Any, ClassVar
 __all__ = [
     "PROFILES",
     "profile",
-    "LinearConfig",
-    "ToyReluConfig",
-    "DeepReluConfig",
-    "TheoryConfig",
     "UCIConfig",
-    "ClassificationConfig",
     "BenchConfig",
     "ProfileConfig",
     "UCI_DATASETS",
@@ -325,229 +322,6 @@ class NUTSConfig:
     target_accept: float = 0.9
 
 
-@dataclass(frozen=True)
-class LinearConfig:
-    """Figures 2 and 5, Section 4.1: Bayesian linear regression with trigonometric features.
-
-    Paper (Appendix "Bayesian linear regression"): ``f(x) = w^T cos(omega x - pi/4)``, D = 1024 features,
-    ``omega ~ N(0, l^2)`` with l = 1.6, 64 synthetic points, likelihood variance 0.1, prior N(0, I),
-    200 particles, Adagrad for 400 steps with h = 0.01; self-distance over 20 populations of 200 posterior
-    samples. It is cheap, so both profiles run the paper's settings.
-    """
-
-    seed: int = 0
-    n_features: int = 1024
-    lengthscale: float = 1.6
-    n_data: int = 64
-    noise_var: float = 0.1
-    prior_var: float = 1.0
-    n_particles: int = 200
-    # The paper's optimiser: Adagrad, 400 steps, h = 0.01. optax's accumulator start (0.1) is used; the
-    # paper does not say which it used (TF: 0.1, PyTorch: 0) and the scan in the chapter shows it does not
-    # matter here. Measured: these particles are still far from the posterior after 400 steps.
-    paper_step_size: float = 0.01
-    paper_steps: int = 400
-    paper_stages: tuple[int, ...] = (0, 10, 50, 150, 400)
-    # If above paper_steps: the paper's Adagrad run once more from the same start, continued to this many
-    # steps, to see when (if ever) it reaches the self-distance; 0 skips it.
-    paper_steps_continued: int = 0
-    # Deviation (named in the chapter): the nearest Adagrad setting that reaches the self-distance level.
-    step_size: float = 0.1
-    steps: int = 20_000
-    stages: tuple[int, ...] = (0, 100, 1000, 5000, 20_000)
-    adagrad_initial_accumulator: float = 0.1
-    n_shown: int = 10  # particles drawn in the Fig. 5 panels
-    n_selfdist_populations: int = 20
-    # Section 4.1: closed-form perturbed MAP samples, and repeats of exact sampling for the expected error.
-    n_map_samples: int = 2000
-    n_map_repeats: int = 20
-    # Plain gradient ascent at h = 1/lambda_max: an empirical run of this many steps beside its exact law,
-    # which is also evaluated on a log grid of steps up to gd_max_steps.
-    gd_steps: int = 6000
-    gd_max_steps: int = 10_000_000
-    # Plain gradient ascent at the paper's step h = paper_step_size: its exact KL over this many steps.
-    paper_step_gd_steps: int = 5
-    x_grid_points: int = 200
-    # Feature scaling: "none" is the paper's model f(x) = w^T cos(omega x - pi/4), whose prior functions have
-    # variance about D/2; "sqrt(2/D)" is the common random-feature scaling f(x) = sqrt(2/D) w^T cos(...),
-    # prior function variance about 1. The exact posterior (and the self-distance) is that of the model used.
-    feature_scale: str = "none"
-    FEATURE_SCALES = ("none", "sqrt(2/D)")  # a class attribute, not a field
-
-    def __post_init__(self) -> None:
-        if self.feature_scale not in self.FEATURE_SCALES:
-            raise ValueError(f"feature_scale must be one of {', '.join(self.FEATURE_SCALES)}, "
-                             f"got {self.feature_scale!r}")
-
-    @property
-    def feature_scale_value(self) -> float:
-        """The factor the features are multiplied by: 1, or sqrt(2 / n_features)."""
-        return 1.0 if self.feature_scale == "none" else (2.0 / self.n_features) ** 0.5
-
-    def scaled_features(self, continued: int = 2000) -> LinearConfig:
-        """These settings on the model with features times sqrt(2/D), for the question whether the paper's
-        Adagrad setting reaches the self-distance there. Its run is also continued to ``continued`` steps; the
-        h = step_size run and gradient ascent's particle run, which only show where the scaled model's KL can
-        go, are cut to ``paper_steps`` steps (the chapter shows that they get there)."""
-        return dataclasses.replace(self, feature_scale="sqrt(2/D)", steps=self.paper_steps, stages=self.paper_stages,
-                                   gd_steps=self.paper_steps, paper_steps_continued=continued)
-
-    @classmethod
-    def quick(cls) -> LinearConfig:
-        return cls()
-
-    @classmethod
-    def paper(cls) -> LinearConfig:
-        return cls()
-
-
-@dataclass(frozen=True)
-class ToyReluConfig:
-    """Figure 4: the toy network ``f(x) = ReLU(w1 x) + ReLU(w2 x)`` (Appendix "Toy ReLU network").
-
-    Paper: 24 synthetic points, prior N(0, 1) per weight, likelihood variance 0.05; MH with a N(0, 0.5)
-    proposal, 10 restarts, burn-in 10000, one sample every 5000 (200 samples); 200 particles, 800 steps of
-    Algorithm 1 with h = 0.05. The data are ours (the paper does not publish them): inputs on [-0.4, 0.4], where
-    plain gradient ascent with h = 0.05 is stable (h times the largest curvature is about 1.8 < 2); on a wider
-    input range h = 0.05 diverges. Everything is cheap, so both profiles run the paper's scale.
-
-    Beyond the paper, the KL curve is measured with an estimator whose bias does not move with the particles'
-    spread: a histogram of ``kl_particles`` particles on fixed bins against the exact posterior mass of each
-    bin, at the paper's step and at ``small_step_size`` for the same time horizon, in ``kl_repeats``
-    independent ensembles (their spread is the Monte-Carlo noise).
-    """
-
-    seed: int = 0
-    n_data: int = 24
-    x_half_width: float = 0.4
-    w_true: tuple[float, float] = (2.0, -1.5)
-    noise_var: float = 0.05
-    prior_var: float = 1.0
-    # Metropolis-Hastings reference (the paper's): 10 chains x 20 draws = 200 samples.
-    mh: MHConfig = MHConfig(proposal_var=0.5, chains=10, burn_in=10_000, thin=5_000, draws=20)
-    # Algorithm 1 (plain gradient ascent).
-    n_particles: int = 200
-    step_size: float = 0.05
-    steps: int = 800
-    stages: tuple[int, ...] = (0, 800)
-    # The paper's estimator: KL(q_t || p) by KDE and numerical integration on a grid, every ``kl_every`` steps.
-    kl_every: int = 4
-    grid_half_width: float = 4.0
-    grid_points: int = 161
-    x_grid_points: int = 101
-    # The histogram estimator: bins of ``bin_width`` on [-bin_half_width, bin_half_width]^2 (0 is a bin edge),
-    # the exact posterior mass of each bin by ``bin_nodes`` x ``bin_nodes`` Gauss-Legendre nodes; the same
-    # estimate with half and twice the width as a check of the binning.
-    kl_particles: int = 10_000
-    kl_repeats: int = 10
-    small_step_size: float = 0.005  # run steps * step_size / small_step_size steps: the same time horizon
-    bin_width: float = 0.2
-    bin_half_width: float = 6.0
-    bin_nodes: int = 8
-    # Evaluated at every paper step up to ``kl_dense_steps`` (the same times at the small step), then every
-    # ``kl_every`` paper steps. Where h * curvature > 1 a particle overshoots its optimum and the overshoot
-    # decays by |1 - h * curvature| per step: the "late" statistics exclude the paper steps until the largest
-    # curvature's overshoot has decayed below ``overshoot_tolerance`` of its start (the same time at the small step).
-    kl_dense_steps: int = 40
-    overshoot_tolerance: float = 1e-3
-
-    @classmethod
-    def quick(cls) -> ToyReluConfig:
-        return cls()
-
-    @classmethod
-    def paper(cls) -> ToyReluConfig:
-        return cls(kl_every=1, kl_repeats=20)
-
-
-@dataclass(frozen=True)
-class DeepReluConfig:
-    """Figure 3: an 8-hidden-layer ReLU network, 50 units per layer (m = 18001), on a synthetic 1-D dataset.
-
-    Paper (Appendix "Regression ReLU network"): prior N(0, I_m), likelihood variance 0.1, MH with a N(0, 0.01)
-    proposal, 10 restarts, burn-in 40000, one sample every 20000 (200 samples); 200 particles at several
-    stages. The paper names neither the optimiser nor the data. The faithful prior and MH are kept runnable
-    (``faithful_*``); the chapter shows why the figure uses the deviation prior ``weight_var / fan_in`` and an
-    HMC/NUTS reference.
-    """
-
-    seed: int = 0
-    n_data: int = 40
-    noise_var: float = 0.1
-    depth: int = 8
-    width: int = 50
-    bias_var: float = 1.0
-    # Faithful prior N(0, 1) on every weight; deviation: N(0, weight_var / fan_in) on the weights.
-    faithful_weight_var: float = 1.0
-    weight_var: float = 2.0
-    # Faithful MH (paper's proposal) on both priors: acceptance evidence.
-    mh: MHConfig = MHConfig(proposal_var=0.01, chains=10, burn_in=1_000, thin=50, draws=20)
-    # NUTS reference on the deviation prior.
-    nuts: NUTSConfig = NUTSConfig(chains=4, warmup=250, draws=50, max_tree_depth=7, target_accept=0.9)
-    # Algorithm 1 (Adam; the paper does not name its optimiser for this figure).
-    n_particles: int = 200
-    optimizer: str = "adam"
-    step_size: float = 1e-3
-    steps: int = 2_000
-    stages: tuple[int, ...] = (0, 100, 500, 2000)
-    # The agreement with the reference is also measured every ``agreement_every`` steps (Figure 3 shows
-    # ``stages`` only).
-    agreement_every: int = 100
-    x_grid_points: int = 121
-    x_grid_half_width: float = 3.0
-
-    @classmethod
-    def quick(cls) -> DeepReluConfig:
-        return cls()
-
-    @classmethod
-    def paper(cls) -> DeepReluConfig:
-        base = cls()
-        return cls(mh=dataclasses.replace(base.mh, burn_in=40_000, thin=20_000),
-                   nuts=dataclasses.replace(base.nuts, chains=10, warmup=1000, draws=20, max_tree_depth=10))
-
-
-@dataclass(frozen=True)
-class TheoryConfig:
-    """Theorems 1-2 and Lemma 1 measured along Algorithm 1 (plain gradient ascent) on four settings.
-
-    ``linear``: trigonometric features with an exact Gaussian population law; ``relu`` / ``tanh``: small
-    MLPs 1-16-16-1 with weights N(0, 2/fan_in) (exact Hessian traces; Hutchinson is shown beside them); ``unperturbed``: the linear model with every
-    particle climbing ``log p``. None of these settings is in the paper, which states the theorems only.
-    """
-
-    seed: int = 0
-    # Linear model.
-    lin_features: int = 12
-    lin_lengthscale: float = 1.6
-    lin_data: int = 6
-    lin_particles: int = 4000
-    lin_step_fraction: float = 0.5  # h = fraction / lambda_max
-    lin_steps: int = 4000
-    # MLPs.
-    net_hidden: tuple[int, ...] = (16, 16)
-    net_data: int = 24
-    net_particles: int = 200
-    # Weights N(0, net_weight_var / fan_in) (still a diagonal Gaussian prior): with N(0, 1) weights plain
-    # gradient ascent diverged for some ReLU particles at every step size tried down to 5e-5.
-    net_weight_var: float = 2.0
-    net_step_size: float = 1e-4
-    net_steps: int = 20_000
-    n_probes: int = 64
-    lemma_perturbations: int = 4000
-    noise_var: float = 0.1
-    prior_var: float = 1.0
-    n_records: int = 40
-
-    @classmethod
-    def quick(cls) -> TheoryConfig:
-        return cls()
-
-    @classmethod
-    def paper(cls) -> TheoryConfig:
-        return cls()
-
-
 UCI_DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 # Method ids of the UCI harness: "<method>-<hidden layers>" for networks, "gp" for the GP baseline. New ids
 # are appended: a method's position seeds its cells' keys.
@@ -636,57 +410,6 @@ class UCIConfig:
         """The paper's settings with optax's L-BFGS at the fixed step 0.5 for 640 iterations (memory 10; the
         committed ``results/paper/uci-fixed-step`` record; ``--set lbfgs.linesearch=null`` on the CLI)."""
         return cls(lbfgs=LBFGSConfig(linesearch=None))
-
-
-@dataclass(frozen=True)
-class ClassificationConfig:
-    """The appendix's classification figure, and real datasets with calibration.
-
-    Paper (Appendix "Extensions to classification"): labels -> Dirichlet parameters ``y + alpha_eps`` with
-    ``alpha_eps = 0.01``, a log-normal latent regression, one hidden layer of ReLU units, a synthetic problem,
-    the ensemble's 95% band of classifiers beside MCMC. It gives no data, width, prior, optimiser or sampler
-    settings: these are ours (the UCI chapter's width 50 and L-BFGS; prior N(0, weight_var / fan_in) on the
-    weights, N(0, bias_var) on the biases; NUTS as the reference).
-    """
-
-    seed: int = 0
-    alpha_eps: float = 0.01
-    width: int = 50
-    weight_var: float = 2.0
-    bias_var: float = 1.0
-    # Synthetic problem (data.synthetic.binary_1d) and its figure.
-    n_data: int = 40
-    data_half_width: float = 3.0
-    x_grid_points: int = 201
-    x_grid_half_width: float = 6.0
-    # Algorithm 1 on the latent regression: L-BFGS with the zoom line search, as the UCI chapter.
-    n_particles: int = 200
-    step_size: float = 0.5
-    steps: int = 200
-    # Beyond the paper: the agreement with NUTS for other alpha_eps (bootstrap ensemble only).
-    alpha_eps_study: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
-    # NUTS on the categorical-likelihood network with the same prior.
-    nuts: NUTSConfig = NUTSConfig(chains=4, warmup=500, draws=250, max_tree_depth=8, target_accept=0.9)
-    # Real datasets (data.tabular): stratified splits, standardised inputs.
-    datasets: tuple[str, ...] = ("breast_cancer", "wine")
-    n_splits: int = 5
-    test_fraction: float = 0.2
-    real_particles: int = 50
-    real_steps: int = 200
-    real_dtype: str = "float32"
-    # MC dropout (softmax cross-entropy, Adam, Gal's weight decay with tau = 1): p chosen on the last 20% of
-    # the training rows by validation MNLL, then refit on all of them.
-    mcd: DropoutGridConfig = DropoutGridConfig(dropout_grid=(0.005, 0.01, 0.05, 0.1, 0.2), epochs=500, samples=1000)
-    ece_bins: int = 10
-
-    @classmethod
-    def quick(cls) -> ClassificationConfig:
-        return cls(n_splits=3)
-
-    @classmethod
-    def paper(cls) -> ClassificationConfig:
-        nuts = NUTSConfig(chains=10, warmup=1000, draws=200, max_tree_depth=10, target_accept=0.9)
-        return cls(nuts=nuts, n_splits=10, real_particles=200, mcd=dataclasses.replace(cls().mcd, samples=10_000))
 
 
 @dataclass(frozen=True)

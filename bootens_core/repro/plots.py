@@ -1,7 +1,10 @@
-"""Every figure of the book. Notebooks call these and never style anything themselves.
+"""The book's figure style, the drawing helpers every chapter shares, and the UCI and performance figures.
 
-Each function takes a :class:`~bootens_core.repro.store.Result` and returns a closed matplotlib ``Figure``
-(a notebook shows it by ending a cell with the call; a script calls ``fig.savefig``).
+Each experiment's figures live beside it (``experiments/<name>/figures.py``), drawn with :func:`styled`
+(the style :data:`STYLE`, colours :data:`COLORS`). Notebooks call figure functions and never style anything
+themselves. A figure function takes a :class:`~bootens_core.repro.store.Result` (or the documents it
+draws) and returns a closed matplotlib ``Figure`` (a notebook shows it by ending a cell with the call; a script
+calls ``fig.savefig``).
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
-from scipy import stats
 
 from .store import Result
 
@@ -23,25 +24,12 @@ __all__ = [
     "COLORS",
     "styled",
     "band",
-    "linear_stages",
-    "linear_particles",
-    "linear_kl",
-    "toy_relu",
-    "toy_relu_kl",
-    "deep_relu_stages",
-    "deep_relu_agreement",
-    "deep_relu_faithful",
-    "deep_relu_along",
-    "theory_linear",
-    "theory_conditions",
+    "data_ylim",
+    "function_panels",
     "bench_throughput",
     "profile_calls",
     "uci_splits",
     "uci_lbfgs",
-    "classification_bands",
-    "classification_latent",
-    "classification_reliability",
-    "classification_alpha",
 ]
 
 STYLE: dict[str, Any] = {
@@ -86,92 +74,26 @@ def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
     return wrapper
 
 
-def _ylim(result: Result) -> tuple[float, float]:
+def data_ylim(result: Result) -> tuple[float, float]:
+    """Vertical limits around the data points ``result["y"]``: their range padded by 1.5 times itself."""
     y = result["y"]
     pad = 1.5 * (y.max() - y.min())
     return float(y.min() - pad), float(y.max() + pad)
 
 
-@styled
-def linear_stages(result: Result, run: str = "deviation", n_lines: int = 200) -> Figure:
-    """Figure 2: the particles' predictive functions at stages, beside exact posterior samples.
-
-    ``run="deviation"`` shows the converging run, ``run="paper"`` the paper's 400 Adagrad steps.
-    """
-    stages = result["stages"] if run == "deviation" else result["paper_stages"]
-    fs = result["stage_f"] if run == "deviation" else result["paper_stage_f"]
+def function_panels(result: Result, panels: list[tuple[str, np.ndarray, str]], *, panel_width: float,
+                    height: float, alpha: float, ms: float) -> Figure:
+    """One panel per ``(title, functions, colour)``: the functions ``(k, n_x)`` on ``result["x_grid"]`` as thin
+    lines over the data points, shared axes, vertical limits :func:`data_ylim` (call it inside :func:`styled`)."""
     x, y, xg = result["x"], result["y"], result["x_grid"]
-    n_panels = len(stages) + 1
-    fig, axes = plt.subplots(1, n_panels, figsize=(2.15 * n_panels, 2.4), sharex=True, sharey=True)
-    panels = [(f"step {t}", fs[i][:n_lines], COLORS["particles"]) for i, t in enumerate(stages)]
-    panels.append(("exact posterior", result["posterior_f"][:n_lines], COLORS["posterior"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), height), sharex=True, sharey=True)
     for ax, (title, lines, color) in zip(axes, panels, strict=True):
-        ax.plot(xg, lines.T, color=color, alpha=0.08, lw=0.7)
-        ax.plot(x, y, "o", ms=2.2, color=COLORS["data"])
+        ax.plot(xg, lines.T, color=color, alpha=alpha, lw=0.7)
+        ax.plot(x, y, "o", ms=ms, color=COLORS["data"])
         ax.set_title(title)
         ax.set_xlabel("x")
-        ax.set_ylim(*_ylim(result))
+        ax.set_ylim(*data_ylim(result))
     axes[0].set_ylabel("f(x)")
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def linear_particles(result: Result, n: int = 10, run: str = "deviation") -> Figure:
-    """Figure 5 (left panels): ``n`` particles at stages over the exact posterior mean and 95% band."""
-    stages = result["stages"] if run == "deviation" else result["paper_stages"]
-    fs = result["stage_f"] if run == "deviation" else result["paper_stage_f"]
-    x, y, xg = result["x"], result["y"], result["x_grid"]
-    m, s = result["posterior_mean_f"], result["posterior_sd_f"]
-    fig, axes = plt.subplots(1, len(stages), figsize=(2.15 * len(stages), 2.4), sharex=True, sharey=True)
-    for i, (ax, t) in enumerate(zip(axes, stages, strict=True)):
-        ax.fill_between(xg, m - 1.96 * s, m + 1.96 * s, color=COLORS["posterior"], alpha=0.18, lw=0,
-                        label="posterior 95%")
-        ax.plot(xg, m, color="black", lw=1.2, label="posterior mean")
-        ax.plot(xg, fs[i][:n].T, color=COLORS["particles"], lw=0.9, alpha=0.8)
-        ax.plot(x, y, "o", ms=2.0, color=COLORS["data"])
-        ax.set_title(f"step {t}")
-        ax.set_xlabel("x")
-        ax.set_ylim(*_ylim(result))
-    axes[0].set_ylabel("f(x)")
-    axes[0].legend(loc="lower left", frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def linear_kl(result: Result) -> Figure:
-    """Figure 5 (right panel) and more: KL(q_t || p) along the optimisation against the self-distance.
-
-    Left: the 200-particle estimate for the paper's Adagrad setting and for the deviation that converges.
-    Right: plain gradient ascent at h = 1/lambda_max: its exact population law (closed form) and the
-    200-particle estimate of the same run.
-    """
-    s = result.summary
-    sd_mean, sd_sd = s["self_distance_mean"], s["self_distance_sd"]
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.5, 3.2))
-    for ax in (ax0, ax1):
-        ax.axhspan(sd_mean - 2 * sd_sd, sd_mean + 2 * sd_sd, color="red", alpha=0.12, lw=0)
-        ax.axhline(sd_mean, color="red", ls=":", lw=1.2, label="self-distance (mean ± 2 sd)")
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_yscale("log")
-        ax.set_xlabel("step")
-    kl = result["kl_curve"]
-    ax0.plot(np.arange(kl.size), kl, color=COLORS["particles"],
-             label=f"Adagrad h={s['step_size']:g} (deviation)")
-    klp = result["paper_kl_curve"]
-    ax0.plot(np.arange(klp.size), klp, color=COLORS["paper"],
-             label=f"Adagrad h={s['paper_setting_step_size']:g} (paper)")
-    ax0.set_ylabel("KL(q_t || p), data subspace")
-    ax0.set_title("Algorithm 1 with Adagrad, 200 particles")
-    ax0.legend(frameon=False, loc="upper right")
-    steps, gd = result["gd_steps"], result["gd_kl"]
-    ax1.plot(steps, gd, color=COLORS["law"], label="exact population law")
-    emp = result["gd_empirical_kl"]
-    ax1.plot(np.arange(emp.size), emp, color=COLORS["gd"], ls="--", label="200 particles")
-    ax1.set_title(f"plain gradient ascent, h = 1/λmax = {s['gd_step_size']:.2g}")
-    ax1.legend(frameon=False, loc="lower left")
-    ax1.set_ylim(1e-3, 2 * max(float(np.nanmax(gd[np.isfinite(gd)])), float(np.nanmax(kl))))
     fig.tight_layout()
     return fig
 
@@ -181,223 +103,6 @@ def band(ax: Any, xg: np.ndarray, f: np.ndarray, color: str, label: str) -> None
     lo, hi = np.percentile(f, [2.5, 97.5], axis=0)
     ax.fill_between(xg, lo, hi, color=color, alpha=0.18, lw=0)
     ax.plot(xg, f.mean(0), color=color, lw=1.3, label=label)
-
-
-@styled
-def toy_relu(result: Result, n_lines: int = 200) -> Figure:
-    """Figure 4: predictive functions (ensemble, MH) and the bivariate weight densities (KDEs, exact)."""
-    x, y, xg = result["x"], result["y"], result["x_grid"]
-    m, sd = result["exact_mean"], result["exact_sd"]
-    axis = result["grid_axis"]
-    fig, axes = plt.subplots(1, 5, figsize=(13.5, 2.8))
-    for ax, f, title, color in (
-        (axes[0], result["f_ensemble"], "ensemble, 200 particles", COLORS["particles"]),
-        (axes[1], result["f_mh"], "Metropolis-Hastings, 200 samples", COLORS["paper"]),
-    ):
-        ax.plot(xg, f[:n_lines].T, color=color, alpha=0.07, lw=0.7)
-        ax.plot(xg, m, color="black", lw=1.1, label="exact mean")
-        ax.plot(xg, m - 1.96 * sd, color="black", lw=0.8, ls="--", label="exact ± 1.96 sd")
-        ax.plot(xg, m + 1.96 * sd, color="black", lw=0.8, ls="--")
-        ax.plot(x, y, "o", ms=2.2, color=COLORS["data"])
-        ax.set_title(title)
-        ax.set_xlabel("x")
-    axes[0].set_ylabel("f(x)")
-    axes[0].legend(frameon=False, loc="upper center")
-    axes[1].sharey(axes[0])
-    for ax, logd, title, pts in (
-        (axes[2], result["log_ensemble"], "ensemble (KDE)", result["particles"]),
-        (axes[3], result["log_mh"], "MH (KDE)", result["mh_w"]),
-        (axes[4], result["log_exact"], "exact posterior (grid)", None),
-    ):
-        dens = np.exp(logd).T  # rows = w2
-        # Each panel on its own scale (8 levels up to its peak): the KDEs are much flatter than the truth.
-        ax.contourf(axis, axis, dens, levels=np.linspace(0, dens.max(), 9)[1:], cmap="Blues", extend="max")
-        if pts is not None:
-            ax.plot(pts[:, 0], pts[:, 1], ".", ms=1.5, color="black", alpha=0.5)
-        ax.set_title(title)
-        ax.set_xlabel("w1")
-        ax.set_aspect("equal")
-        lim = 3.0
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
-    axes[2].set_ylabel("w2")
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def toy_relu_kl(result: Result) -> Figure:
-    """Figure 4 (last panel): KL(q_t || p) along Algorithm 1, against MH (the paper's) and the exact posterior."""
-    s = result.summary
-    t = result["kl_steps"]
-    fig, ax = plt.subplots(figsize=(5.2, 3.0))
-    ax.plot(t, result["kl_vs_mh"], color=COLORS["paper"], label="vs MH (the paper's estimate)")
-    ax.plot(t, result["kl_vs_exact"], color=COLORS["posterior"], label="vs exact posterior")
-    ax.axhline(s["kl_mh_vs_exact"], color=COLORS["paper"], ls=":", lw=1.1, label="MH samples vs exact")
-    lo = s["kde_self_distance_mean"] - 2 * s["kde_self_distance_sd"]
-    hi = s["kde_self_distance_mean"] + 2 * s["kde_self_distance_sd"]
-    ax.axhspan(max(lo, 1e-4), hi, color="red", alpha=0.12, lw=0)
-    ax.axhline(s["kde_self_distance_mean"], color="red", ls=":", lw=1.1,
-               label="200 exact samples vs exact (mean ± 2 sd)")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL(KDE(q_t) || p)")
-    ax.legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def deep_relu_stages(result: Result, n_lines: int = 200) -> Figure:
-    """Figure 3: 200 particles' functions at the optimisation stages, and the NUTS reference."""
-    x, y, xg = result["x"], result["y"], result["x_grid"]
-    stages, fs = result["stages"], result["f_stages"]
-    panels = [(f"step {t}", fs[i][:n_lines], COLORS["particles"]) for i, t in enumerate(stages)]
-    panels.append(("NUTS reference", result["f_nuts"][:n_lines], COLORS["paper"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.3 * len(panels), 2.5), sharex=True, sharey=True)
-    for ax, (title, lines, color) in zip(axes, panels, strict=True):
-        ax.plot(xg, lines.T, color=color, alpha=0.06, lw=0.7)
-        ax.plot(x, y, "o", ms=2.0, color=COLORS["data"])
-        ax.set_title(title)
-        ax.set_xlabel("x")
-        ax.set_ylim(*_ylim(result))
-    axes[0].set_ylabel("f(x)")
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def deep_relu_agreement(result: Result) -> Figure:
-    """Ensemble vs NUTS on the x grid: mean and 95% bands, and the ratio of predictive standard deviations."""
-    x, y, xg = result["x"], result["y"], result["x_grid"]
-    f_q, f_r = result["f_stages"][-1], result["f_nuts"]
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.5, 2.9))
-    band(ax0, xg, f_r, COLORS["paper"], "NUTS mean, 95% band")
-    band(ax0, xg, f_q, COLORS["particles"], "ensemble mean, 95% band")
-    ax0.plot(x, y, "o", ms=2.0, color=COLORS["data"])
-    ax0.set_ylim(*_ylim(result))
-    ax0.set_xlabel("x")
-    ax0.set_ylabel("f(x)")
-    ax0.legend(frameon=False, loc="lower right")
-    ratio = f_q.std(0, ddof=1) / f_r.std(0, ddof=1)
-    ax1.plot(xg, ratio, color=COLORS["particles"])
-    ax1.axhline(1, color="black", lw=0.8, ls=":")
-    for xi in x:
-        ax1.axvline(xi, color=COLORS["data"], lw=0.4, alpha=0.3)
-    ax1.set_yscale("log")
-    # A log axis spanning less than a decade gets two ticks at most: label ratios readers can place.
-    lo, hi = float(np.nanmin(ratio)), float(np.nanmax(ratio))
-    ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if lo / 1.3 <= t <= hi * 1.3]
-    ax1.set_ylim(min(lo, 1.0) / 1.15, max(hi, 1.0) * 1.15)
-    ax1.yaxis.set_major_locator(FixedLocator(ticks or [1.0]))
-    ax1.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax1.yaxis.set_minor_formatter(NullFormatter())
-    ax1.set_xlabel("x (grey: data)")
-    ax1.set_ylabel("sd ensemble / sd NUTS")
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def deep_relu_along(result: Result, limit: float = 2.0) -> Figure:
-    """The ensemble's distance from the NUTS reference along the optimisation, in units of the reference's
-    own half-vs-half noise: the mean difference and |log sd ratio|; ``limit`` is the rule's threshold
-    (``report.DEEP_RELU_T``)."""
-    s = result.summary
-    steps = np.asarray(s["agreement_steps"])
-    mad = np.asarray(s["mean_abs_diff_mean_along"]) / s["reference_noise_mad"]
-    lsd = np.abs(np.log(np.asarray(s["sd_ratio_median_along"]))) / s["reference_noise_log_sd"]
-    fig, ax = plt.subplots(figsize=(5.2, 2.8))
-    ax.plot(steps, mad, "o-", ms=3, color=COLORS["particles"], label="mean |Δmean| / sd")
-    ax.plot(steps, lsd, "s-", ms=3, color=COLORS["paper"], label="|log sd ratio|")
-    ax.axhline(limit, color="black", ls=":", lw=1, label=f"rule's limit ({limit:g} units)")
-    ax.set_yscale("log")
-    ax.set_xlabel("optimisation step")
-    ax.set_ylabel("in half-vs-half noise units")
-    ax.legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def deep_relu_faithful(result: Result, n_lines: int = 50) -> Figure:
-    """The paper's setting: prior functions under N(0, 1) weights vs the deviation prior, and MH's log density."""
-    xg = result["x_grid"]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
-    axes[0].plot(xg, result["f_prior_faithful"][:n_lines].T, color=COLORS["prior"], alpha=0.4, lw=0.7)
-    axes[0].set_title("prior functions, weights N(0, 1)")
-    axes[1].plot(xg, result["f_prior"][:n_lines].T, color=COLORS["particles"], alpha=0.4, lw=0.7)
-    axes[1].set_title("prior functions, weights N(0, 2/fan_in)")
-    for ax in axes[:2]:
-        ax.set_xlabel("x")
-        ax.set_ylabel("f(x)")
-    ld = result["mh_faithful_log_density"]
-    draws = np.arange(ld.shape[1])
-    axes[2].plot(draws, ld.T, lw=0.9)
-    axes[2].set_yscale("symlog")
-    axes[2].set_xlabel("kept draw")
-    axes[2].set_ylabel("log p(D, θ)")
-    axes[2].set_title("paper's MH (N(0, 0.01 I)), faithful prior")
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def theory_linear(result: Result) -> Figure:
-    """The linear model: the exact first-order KL change per unit step, the particles' score-based estimate,
-    and Theorem 1's expression (measured and its exact expectation); right: the same without perturbations."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-    for ax, name, title in ((axes[0], "linear", "Algorithm 1 (perturbed)"),
-                            (axes[1], "unperturbed", "unperturbed ensemble")):
-        t = result[f"{name}__steps"]
-        ax.plot(t, result[f"{name}__exact_rate"], color="black", lw=1.6, label="exact dKL/dh (closed form)")
-        se = result[f"{name}__score_rate_se"]
-        ax.errorbar(t, result[f"{name}__score_rate"], yerr=2 * se, fmt="o", ms=2.5, color=COLORS["posterior"],
-                    label="particles: E[g·(∇log q − ∇log p)] ± 2 se")
-        ax.plot(t, result[f"{name}__exact_t1_rate"], color=COLORS["law"], ls="--",
-                label="Theorem 1 expression, expectation")
-        ax.plot(t, result[f"{name}__t1_rate"], "x", ms=3, color=COLORS["law"], label="Theorem 1 expression, particles")
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_yscale("symlog", linthresh=1)
-        ax.set_xlim(-0.3, t.max() * 1.2)
-        ax.set_xlabel("step")
-        ax.set_title(title)
-    axes[0].set_ylabel("directional derivative of KL(q_t || p)")
-    axes[0].legend(frameon=False, fontsize=7, loc="upper left")
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def theory_conditions(result: Result) -> Figure:
-    """For every setting: the two sides of Theorem 1 along Algorithm 1 (top) and Theorem 2's curvature term
-    beside the left-hand sides of the paper's and the corrected Theorem 2 (bottom)."""
-    names = [n for n in ("linear", "relu", "tanh", "unperturbed") if f"{n}__steps" in result.arrays]
-    fig, axes = plt.subplots(2, len(names), figsize=(3.1 * len(names), 5.2), squeeze=False)
-    for j, name in enumerate(names):
-        t = result[f"{name}__steps"]
-        ax = axes[0, j]
-        ax.plot(t, result[f"{name}__t1_lhs"], color=COLORS["particles"], label="E[∇log p·∇log p̃]")
-        ax.plot(t, result[f"{name}__t1_rhs"], color=COLORS["law"], ls="--", label="−E[tr H log p̃]")
-        ax.set_title(name)
-        ax2 = axes[1, j]
-        ax2.plot(t, result[f"{name}__t2_paper_lhs"], color=COLORS["particles"], label="E‖∇log p̃‖² (paper)")
-        ax2.plot(t, result[f"{name}__t2_corrected_lhs"], color=COLORS["posterior"], label="E‖∇log p‖² (corrected)")
-        ax2.plot(t, result[f"{name}__t2_corrected_rhs"], color=COLORS["law"], ls="--", label="corrected r.h.s.")
-        curv = result[f"{name}__curvature"]
-        ax2.plot(t, np.abs(curv), color=COLORS["gd"], ls=":", label="|curvature term|")
-        for a in (ax, ax2):
-            a.set_xscale("symlog", linthresh=1)
-            a.set_yscale("symlog", linthresh=1)
-            a.set_xlim(-0.3, t.max() * 1.2)
-            a.set_xlabel("step")
-    axes[0, 0].set_ylabel("Theorem 1 sides")
-    axes[1, 0].set_ylabel("Theorem 2 terms")
-    axes[0, 0].legend(frameon=False, fontsize=7)
-    axes[1, 0].legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    return fig
 
 
 _UCI_METRICS = {"rmse": ("test_rmse", "test RMSE"), "mnll": ("test_mnll", "test MNLL"),
@@ -621,123 +326,3 @@ def uci_lbfgs(check: dict[str, Any]) -> Figure:
 
 
 # ------------------------------------------------------------------------------------------ classification
-
-_CLASS_METHODS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout"}
-_CLASS_COLORS = {"bootstrap": COLORS["particles"], "plain": COLORS["gd"], "mcd": COLORS["law"], "nuts": COLORS["paper"]}
-
-
-def _class_data(ax, result: Result) -> None:
-    x, labels = result["x"], result["labels"]
-    ax.plot(x, labels, "|", ms=9, mew=1.2, color=COLORS["data"], label="data (class 1 at 1)")
-    xg, inside = result["x_grid"], np.abs(result["x_grid"]) <= np.abs(x).max()
-    ax.plot(xg[inside], result["p_true"][inside], ls="--", lw=1.0, color=COLORS["prior"],
-            label="true p(y=1|x) (data range)")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("x")
-
-
-@styled
-def classification_bands(result: Result) -> Figure:
-    """The appendix figure: mean and 95% band of p(y = 1 | x) over the classifiers of the bootstrap ensemble,
-    the plain ensemble and the NUTS reference (each panel overlays the reference's band edges)."""
-    xg = result["x_grid"]
-    lo_r, hi_r = np.percentile(result["p_nuts"], [2.5, 97.5], axis=0)
-    panels = [("bootstrap", "Bootstrap ensemble (Algorithm 1)"), ("plain", "Plain ensemble (no perturbation)"),
-              ("nuts", "NUTS, Bernoulli likelihood")]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.0), sharey=True)
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        band(ax, xg, result[f"p_{key}"], _CLASS_COLORS[key], "mean, 95% band")
-        if key != "nuts":
-            ax.plot(xg, lo_r, color=_CLASS_COLORS["nuts"], lw=0.9, ls=":")
-            ax.plot(xg, hi_r, color=_CLASS_COLORS["nuts"], lw=0.9, ls=":", label="NUTS band edges")
-        _class_data(ax, result)
-        ax.set_title(title)
-    axes[0].set_ylabel("p(y = 1 | x)")
-    axes[0].legend(frameon=False, loc="center left", fontsize=7)
-    axes[1].legend(frameon=False, loc="center left", fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def classification_latent(result: Result) -> Figure:
-    """The label transform: each class's latent targets ``y~`` with ``±2 sigma~`` bars (log-normal moment
-    matching of Gamma(y + alpha_eps, 1)), and how much the particles' mean loss still decreases per L-BFGS
-    iteration (a log scale shows convergence)."""
-    x, ly, lv = result["x"], result["latent_y"], result["latent_var"]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
-    for c, ax in enumerate(axes[:2]):
-        ax.errorbar(x, ly[:, c], yerr=2 * np.sqrt(lv[:, c]), fmt="o", ms=2.5, lw=0.7, color=COLORS["data"])
-        ax.set_title(f"class {c}: latent targets ± 2σ~")
-        ax.set_xlabel("x")
-    axes[0].set_ylabel("log-space target")
-    for key in ("bootstrap", "plain"):
-        loss = result[f"loss_{key}"]
-        drop = np.maximum(-np.diff(loss), 1e-12)
-        axes[2].plot(np.arange(2, loss.size + 1), drop, color=_CLASS_COLORS[key], label=_CLASS_METHODS[key], lw=0.9)
-    axes[2].set_xscale("log")
-    axes[2].set_yscale("log")
-    axes[2].set_xlabel("L-BFGS iteration")
-    axes[2].set_ylabel("decrease of the mean loss")
-    axes[2].legend(frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def classification_reliability(result: Result, dataset: str, n_bins: int | None = None) -> Figure:
-    """Reliability diagrams of one real dataset (test rows of every split pooled): accuracy against mean
-    confidence per bin, bar width by bin, the bins' counts underneath; the diagonal is perfect calibration."""
-    from ..metrics import ece, reliability
-
-    n_bins = int(n_bins or result.summary.get("ece_bins", 10))
-    labels = result[f"{dataset}_labels"]
-    fig, axes = plt.subplots(2, 3, figsize=(11, 4.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    for j, m in enumerate(_CLASS_METHODS):
-        probs = result[f"{dataset}_{m}_probs"]
-        r = reliability(probs, labels, n_bins)
-        centres = 0.5 * (r.edges[:-1] + r.edges[1:])
-        ok = r.count > 0
-        ax, axc = axes[0, j], axes[1, j]
-        ax.bar(centres[ok], r.accuracy[ok], width=np.diff(r.edges)[ok] * 0.9, color=_CLASS_COLORS[m], alpha=0.75,
-               label="accuracy")
-        ax.plot(r.confidence[ok], r.accuracy[ok], "o", ms=3, color=COLORS["data"], label="(mean confidence, accuracy)")
-        ax.plot([0, 1], [0, 1], ls=":", color="black", lw=0.8)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"{_CLASS_METHODS[m]}: ECE {ece(probs, labels, n_bins):.3f} (pooled)")
-        axc.bar(centres, r.count, width=np.diff(r.edges) * 0.9, color=_CLASS_COLORS[m], alpha=0.75)
-        axc.set_yscale("symlog")
-        axc.set_xlabel("confidence (max class probability)")
-    axes[0, 0].set_ylabel("accuracy in bin")
-    axes[1, 0].set_ylabel("rows")
-    axes[0, 0].legend(frameon=False, loc="upper left", fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-@styled
-def classification_alpha(result: Result) -> Figure:
-    """Agreement with NUTS against alpha_eps: |mean difference| and |band-edge difference| averaged over the
-    grid, with the reference's own noise floor, and the band at the best alpha_eps."""
-    a = result["alpha_study"]
-    s = result.summary
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 2.9))
-    ax0.plot(a, result["alpha_study_prob_mad"], "o-", color=COLORS["particles"], label="mean probability")
-    ax0.plot(a, result["alpha_study_band_mad"], "s-", color=COLORS["law"], label="95% band edges")
-    ax0.axhline(s["reference_split_band_mad"], color=COLORS["paper"], ls=":", lw=1,
-                label="NUTS vs itself (band edges)")
-    ax0.axvline(s["alpha_eps"], color="black", lw=0.7, ls="--", label=f"paper's alpha_eps = {s['alpha_eps']:g}")
-    ax0.set_xscale("log")
-    ax0.set_xlabel("alpha_eps")
-    ax0.set_ylabel("mean |bootstrap − NUTS| over x")
-    ax0.legend(frameon=False, fontsize=7)
-    xg = result["x_grid"]
-    band(ax1, xg, result["p_nuts"], _CLASS_COLORS["nuts"], "NUTS")
-    band(ax1, xg, result["p_bootstrap_alpha_best"], _CLASS_COLORS["bootstrap"],
-          f"bootstrap, alpha_eps = {s['alpha_eps_best_band_mad']:g}")
-    _class_data(ax1, result)
-    ax1.set_ylabel("p(y = 1 | x)")
-    ax1.legend(frameon=False, loc="center left", fontsize=7)
-    fig.tight_layout()
-    return fig

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from bootens_core.exact import linear
-from bootens_core.repro import report
-from bootens_core.repro.config import LinearConfig
+from bootens_core.repro.experiments.linear.config import LinearConfig
 from bootens_core.data import synthetic
 from bootens_core.repro.experiments import linear as experiment
 
@@ -82,7 +81,7 @@ def test_continued_run_extends_the_papers_run(result):
 
 def test_verdict_follows_the_rule(result):
     s = result.summary
-    v = report.linear_verdicts(s, s)["scaled"]
+    v = experiment.verdicts.evaluate(s, s)["scaled"]
     limit = s["self_distance_mean"] + 3 * s["self_distance_sd"]
     reached = s["paper_setting_kl_final"] <= limit
     assert str(v) == f"{'reaches' if reached else 'does not reach'} the self-distance in {CFG.paper_steps} steps"

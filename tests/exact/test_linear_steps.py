@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from bootens_core.exact import linear
-from bootens_core.repro.config import LinearConfig
+from bootens_core.repro.experiments.linear.config import LinearConfig
 from bootens_core.repro.experiments import linear as experiment
 
 NOISE_VAR, PRIOR_VAR = 0.3, 0.7  # not 1, so that a swapped variance or a dropped prior term shows

@@ -16,7 +16,7 @@ import pytest
 from scipy import integrate, special, stats
 
 from bootens_core import models
-from bootens_core.repro.config import ToyReluConfig
+from bootens_core.repro.experiments.toy_relu.config import ToyReluConfig
 from bootens_core.data import synthetic
 from bootens_core.repro.experiments import toy_relu
 

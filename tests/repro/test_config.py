@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from bootens_core.repro import config
-from bootens_core.repro.config import LinearConfig, as_dict, for_profile, profile
+from bootens_core.repro.config import as_dict, for_profile, profile
+from bootens_core.repro.experiments.linear.config import LinearConfig
+from bootens_core.repro.experiments.classification.config import ClassificationConfig
+from bootens_core.repro.experiments.deep_relu.config import DeepReluConfig
+from bootens_core.repro.experiments.toy_relu.config import ToyReluConfig
 from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 
 CONFIGS = [UnivariateConfig, LinearConfig]
@@ -121,8 +125,8 @@ def test_uci_profiles_use_the_line_search_and_faithful_is_torchs_lbfgs():
 # Nested configurations: a method's settings are one sub-configuration; names, dicts and earlier flat names
 
 
-@pytest.mark.parametrize("cls", [config.UCIConfig, config.ToyReluConfig, config.DeepReluConfig,
-                                 config.ClassificationConfig])
+@pytest.mark.parametrize("cls", [config.UCIConfig, ToyReluConfig, DeepReluConfig,
+                                 ClassificationConfig])
 @pytest.mark.parametrize("profile", ["quick", "paper"])
 def test_as_dict_round_trips_through_json(cls, profile):
     cfg = config.for_profile(cls, profile)
@@ -135,10 +139,10 @@ def test_sub_configurations_are_nested_dicts():
     assert d["lbfgs"] == {"steps": 32, "iters_per_step": 20, "step_size": 0.5, "memory": 10, "linesearch": "zoom"}
     assert d["network"]["width"] == 50 and d["sghmc"]["lr_scaling"] == "sqrt_lr" and d["gp"]["svgp_datasets"] == [
         "protein"]
-    assert config.as_dict(config.DeepReluConfig.paper())["nuts"]["max_tree_depth"] == 10
-    assert config.as_dict(config.ClassificationConfig.paper())["mcd"] == {
+    assert config.as_dict(DeepReluConfig.paper())["nuts"]["max_tree_depth"] == 10
+    assert config.as_dict(ClassificationConfig.paper())["mcd"] == {
         "dropout_grid": [0.005, 0.01, 0.05, 0.1, 0.2], "epochs": 500, "samples": 10_000}
-    assert config.from_dict(config.ClassificationConfig, {"mcd_samples": 7}).mcd.epochs == 500
+    assert config.from_dict(ClassificationConfig, {"mcd_samples": 7}).mcd.epochs == 500
 
 
 def test_the_flat_names_of_earlier_versions_read_back():
@@ -153,9 +157,9 @@ def test_the_flat_names_of_earlier_versions_read_back():
     }
     cfg = config.from_dict(config.UCIConfig, flat)
     assert cfg == dataclasses.replace(config.UCIConfig.faithful(), noise_grid=(1e-4, 1.0))
-    assert config.from_dict(config.DeepReluConfig, {"mh_burn_in": 7, "nuts_chains": 3}) == dataclasses.replace(
-        config.DeepReluConfig(), mh=dataclasses.replace(config.DeepReluConfig().mh, burn_in=7),
-        nuts=dataclasses.replace(config.DeepReluConfig().nuts, chains=3))
+    assert config.from_dict(DeepReluConfig, {"mh_burn_in": 7, "nuts_chains": 3}) == dataclasses.replace(
+        DeepReluConfig(), mh=dataclasses.replace(DeepReluConfig().mh, burn_in=7),
+        nuts=dataclasses.replace(DeepReluConfig().nuts, chains=3))
     root = Path(__file__).resolve().parents[2] / "results" / "paper"
     for name in ("uci", "uci-mcd-sghmc", "uci-fixed-step"):
         stored = json.loads((root / name / "config.json").read_text())

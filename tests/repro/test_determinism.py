@@ -31,7 +31,7 @@ import pytest
 from scipy import stats
 
 from bootens_core.repro import store
-from bootens_core.repro.config import LinearConfig
+from bootens_core.repro.experiments.linear.config import LinearConfig
 from bootens_core.repro.experiments import linear
 
 SETTINGS = ["--set", "steps=2000", "--set", "stages=[0,2000]", "--set", "gd_steps=100"]
@@ -102,7 +102,5 @@ def test_other_instruction_set_agrees_within_monte_carlo_error(runs):
     too_far = {k: v for k, v in report.items() if not v[2] <= z}
     assert not too_far, f"beyond {z:.2f} Monte-Carlo sd: {too_far}"
     # Verdicts of the chapter's rules agree too (their margins are far larger than these differences).
-    from bootens_core.repro import report as rep
-
-    assert {k: str(v) for k, v in rep.linear_verdicts(a).items()} == {
-        k: str(v) for k, v in rep.linear_verdicts(b).items()}
+    assert {k: str(v) for k, v in linear.verdicts.evaluate(a).items()} == {
+        k: str(v) for k, v in linear.verdicts.evaluate(b).items()}

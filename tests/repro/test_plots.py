@@ -1,15 +1,13 @@
-"""bootens_core.repro.plots: every figure builds from a result, comes back closed, and renders to PNG.
+"""bootens_core.repro.plots: the UCI figures build from a result, come back closed, and render to PNG.
 
-(The linear-regression figures are exercised in ``experiments/test_linear.py`` on that experiment's result.)
+(Each experiment's figures are exercised beside it, in ``experiments/<name>/``, on that experiment's result.)
 """
 
 from __future__ import annotations
 
 import io
 
-import jax
 import matplotlib.pyplot as plt
-import pytest
 from matplotlib.figure import Figure
 
 from bootens_core.repro import plots

@@ -1,8 +1,13 @@
-"""One runner per paper artefact: ``run(key, cfg) -> Result`` (cached in the result store).
+"""One experiment per paper artefact: ``run(key, cfg) -> Result`` (cached in the result store).
 
-Every runner module defines ``NAME``, ``DESCRIPTION``, ``ARTEFACTS`` (what of the paper it rebuilds),
+Every experiment defines ``NAME``, ``DESCRIPTION``, ``ARTEFACTS`` (what of the paper it rebuilds),
 ``Config`` (the config class, with ``quick()``/``paper()``) and ``run(key, cfg, *, use_cache, force,
-progress)``.
+progress)``. An experiment is a folder that holds all of it in one place: ``config.py`` (its configuration),
+``experiment.py`` (its run), ``figures.py`` (its figures) and ``verdicts.py`` (the rules that turn its summary
+into verdicts, and its tables); the package re-exports the run's names and ``figures`` and ``verdicts``
+(``linear.figures.kl(result)``, ``linear.verdicts.evaluate(result.summary)``). The UCI tables are still one
+module (:mod:`.uci`) whose figures and tables are in :mod:`~bootens_core.repro.plots` and
+:mod:`~bootens_core.repro.report`.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ from typing import Any
 
 from ... import report
 
-__all__ = ["verdict"]
+__all__ = ["evaluate"]
 
 
-def verdict(s: dict[str, Any]) -> report.Verdict:
+def evaluate(s: dict[str, Any]) -> report.Verdict:
     """Figure 1 is reproduced when the final particles match the posterior within 4 Monte-Carlo scales."""
     me, me_sc = s["mean_error_sd"], s["mean_error_sd_mc_scale"]
     sr, sr_sc = s["sd_ratio"], s["sd_ratio_mc_scale"]

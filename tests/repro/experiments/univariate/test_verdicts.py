@@ -18,7 +18,7 @@ UNI_OK = {
 
 
 def test_univariate_reproduced():
-    assert str(verdicts.verdict(UNI_OK)) == "reproduced"
+    assert str(verdicts.evaluate(UNI_OK)) == "reproduced"
 
 
 @pytest.mark.parametrize(
@@ -31,20 +31,20 @@ def test_univariate_reproduced():
     ],
 )
 def test_univariate_not_reproduced(change):
-    assert str(verdicts.verdict({**UNI_OK, **change})) == "NOT reproduced"
+    assert str(verdicts.evaluate({**UNI_OK, **change})) == "NOT reproduced"
 
 
 def test_univariate_margin_is_the_closest_condition_in_mc_units():
     sc = UNI_OK["mean_error_sd_mc_scale"]
     # mean error 1 MC scale below its limit of 4; the sd ratio and the KS test are farther from theirs.
-    v = verdicts.verdict({**UNI_OK, "mean_error_sd": 3 * sc})
+    v = verdicts.evaluate({**UNI_OK, "mean_error_sd": 3 * sc})
     assert str(v) == "reproduced" and v.margin == pytest.approx(1.0)
     # A KS p-value at the normal tail 3.09 - 0.5 sd: the margin is in the p-value's z units.
     from scipy import stats
 
     p = stats.norm.sf(stats.norm.isf(1e-3) - 0.5)
-    v = verdicts.verdict({**UNI_OK, "ks_pvalue": p})
+    v = verdicts.evaluate({**UNI_OK, "ks_pvalue": p})
     assert str(v) == "reproduced" and v.margin == pytest.approx(0.5)
     # Failing: the margin is how far the failing condition is beyond its limit.
-    v = verdicts.verdict({**UNI_OK, "mean_error_sd": 6.5 * sc})
+    v = verdicts.evaluate({**UNI_OK, "mean_error_sd": 6.5 * sc})
     assert str(v) == "NOT reproduced" and v.margin == pytest.approx(2.5)

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from ... import ensemble, models
-from ...exact import linear, theory
-from .. import store
-from ..config import TheoryConfig, require_x64
-from ...data import synthetic
+from .... import ensemble, models
+from ....exact import linear, theory
+from ... import store
+from ...config import require_x64
+from .config import TheoryConfig
+from ....data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "SETTINGS", "record_steps"]
 

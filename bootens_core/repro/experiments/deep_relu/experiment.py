@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ... import ensemble, samplers, models
-from .. import store
-from ..config import DeepReluConfig, require_x64
-from ...data import synthetic
+from .... import ensemble, samplers, models
+from ... import store
+from ...config import require_x64
+from .config import DeepReluConfig
+from ....data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise"]
 

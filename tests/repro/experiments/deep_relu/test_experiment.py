@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro.config import DeepReluConfig, MHConfig, NUTSConfig
+from bootens_core.repro.config import MHConfig, NUTSConfig
+from bootens_core.repro.experiments.deep_relu.config import DeepReluConfig
 from bootens_core.repro.experiments import deep_relu
 
 
@@ -80,9 +81,8 @@ def test_tiny_run_has_the_contract_keys():
     assert s["agreement_steps"] == [0, 30] and len(s["mean_abs_diff_mean_along"]) == 2
     assert res["f_nuts"].shape == (40, 15)
     assert 0 <= s["mh_faithful_accept_rate"] <= 1
-    from bootens_core.repro import plots
     from tests.repro.test_plots import render
 
-    for fig in (plots.deep_relu_stages(res), plots.deep_relu_agreement(res), plots.deep_relu_faithful(res),
-                plots.deep_relu_along(res)):
+    for fig in (deep_relu.figures.stages(res), deep_relu.figures.agreement(res), deep_relu.figures.faithful(res),
+                deep_relu.figures.along(res)):
         assert render(fig).startswith(b"\x89PNG")

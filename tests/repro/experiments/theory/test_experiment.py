@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro.config import TheoryConfig
+from bootens_core.repro.experiments.theory.config import TheoryConfig
 from bootens_core.repro.experiments import theory
 
 
@@ -56,8 +56,7 @@ def test_relu_curvature_is_zero_and_tanh_is_not(result):
 
 @pytest.mark.slow
 def test_figures_render(result):
-    from bootens_core.repro import plots
     from tests.repro.test_plots import render
 
-    assert len(plots.theory_conditions(result).axes) == 2 * len(theory.SETTINGS)
-    assert render(plots.theory_linear(result)).startswith(b"\x89PNG")
+    assert len(theory.figures.conditions(result).axes) == 2 * len(theory.SETTINGS)
+    assert render(theory.figures.linear(result)).startswith(b"\x89PNG")

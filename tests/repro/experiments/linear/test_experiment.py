@@ -16,7 +16,7 @@ from scipy import stats
 
 from bootens_core.exact import linear
 from bootens_core import models
-from bootens_core.repro.config import LinearConfig
+from bootens_core.repro.experiments.linear.config import LinearConfig
 from bootens_core.data import synthetic
 from bootens_core.repro.experiments import linear as experiment
 
@@ -191,13 +191,11 @@ def test_figures_build(result):
 
     import matplotlib.pyplot as plt
 
-    from bootens_core.repro import plots
-
     figs = {
-        "stages": plots.linear_stages(result),
-        "stages_paper": plots.linear_stages(result, run="paper"),
-        "particles": plots.linear_particles(result),
-        "kl": plots.linear_kl(result),
+        "stages": experiment.figures.stages(result),
+        "stages_paper": experiment.figures.stages(result, run="paper"),
+        "particles": experiment.figures.particles(result),
+        "kl": experiment.figures.kl(result),
     }
     assert len(figs["stages"].axes) == len(CFG.stages) + 1
     assert len(figs["stages_paper"].axes) == len(CFG.paper_stages) + 1

@@ -15,11 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from ... import ensemble, models
-from ...exact import linear
-from .. import store
-from ..config import LinearConfig, require_x64
-from ...data import synthetic
+from .... import ensemble, models
+from ....exact import linear
+from ... import store
+from ...config import require_x64
+from .config import LinearConfig
+from ....data import synthetic
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "trig_model", "gradient_ascent_at"]
 

@@ -25,30 +25,25 @@ time horizon ``step * h``, and follows the particles whose two weights share a s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 from scipy import special
 from tqdm import tqdm
 
-from ...exact import density
-from ... import ensemble, samplers, models, perturb
-from .. import store
-from ..config import ToyReluConfig, require_x64
-from ...data import synthetic
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from ....exact import density
+from .... import ensemble, samplers, models, perturb
+from ... import store
+from ...config import require_x64
+from .config import ToyReluConfig
+from ....data import synthetic
 
 __all__ = [
     "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "QUADRANTS", "RECORD_KEYS", "RECORD_LABELS", "STEP_LABELS",
     "rhat_null_quantile", "Bins", "bins", "bin_log_posterior", "bin_log_gaussian", "binned_kl", "bin_counts",
-    "histogram_kl", "curvatures", "overshoot_steps", "same_sign_slopes", "curve_statistics", "kl_figure", "kl_table",
-    "same_sign_table",
-]
+    "histogram_kl", "curvatures", "overshoot_steps", "same_sign_slopes", "curve_statistics", ]
 
 NAME = "toy-relu"
 DESCRIPTION = "Toy ReLU network (2 weights): ensemble vs Metropolis-Hastings vs the exact grid posterior, KL curve"
@@ -442,125 +437,6 @@ def _histogram_study(key: jax.Array, cfg: ToyReluConfig, model: models.Model, da
         arrays[f"hist_correction_{lab}"] = corr[lab].mean(0)
         arrays[f"same_sign_{lab}"] = same[lab]
     return arrays, summary
-
-
-# ---------------------------------------------------------------------------------- figures and tables
-
-
-def kl_figure(result: store.Result, zoom_time: float | None = None) -> Figure:
-    """The histogram study: KL(q_t || p) along the optimisation at both steps (mean and 2 SE over the repeats),
-    its late part relative to the final value, and the share of particles whose weights share a sign."""
-    import matplotlib.pyplot as plt
-
-    from .. import plots
-
-    h = result.summary["histogram"]
-    t = result["hist_times"]
-    tw = h["overshoot_time"]
-    zoom_time = zoom_time or min(2.0, float(t[-1]))
-    colours = {"paper_step": plots.COLORS["paper"], "small_step": plots.COLORS["particles"]}
-    with plt.rc_context(plots.STYLE):
-        fig, axes = plt.subplots(1, 3, figsize=(13.0, 3.1))
-        pos = t > 0
-        for lab in STEP_LABELS:
-            k = result[f"hist_kl_{lab}"]
-            r = k.shape[0]
-            name = f"h = {h[lab]['step_size']:g}"
-            m, se = k.mean(0), k.std(0, ddof=1) / np.sqrt(r)
-            axes[0].plot(t[pos], m[pos], color=colours[lab], label=name)
-            axes[0].fill_between(t[pos], (m - 2 * se)[pos], (m + 2 * se)[pos], color=colours[lab], alpha=0.2, lw=0)
-            d = k - k[:, -1:]
-            dm, dse = d.mean(0), d.std(0, ddof=1) / np.sqrt(r)
-            z = (t >= t[1]) & (t <= zoom_time)
-            axes[1].plot(t[z], dm[z], color=colours[lab], label=name)
-            axes[1].fill_between(t[z], (dm - 2 * dse)[z], (dm + 2 * dse)[z], color=colours[lab], alpha=0.2, lw=0)
-            s = result[f"same_sign_{lab}"]
-            axes[2].plot(t[pos], s.mean(0)[pos], color=colours[lab], label=name)
-        q = result.summary["quadrant_mass_exact"]
-        axes[2].axhline(q[0] + q[3], color=plots.COLORS["posterior"], ls=":", label="exact posterior")
-        for ax in (axes[0], axes[2]):
-            ax.set_xscale("log")
-            ax.set_xlabel("time = step x h")
-        for ax in axes:  # the window the "late" statistics exclude
-            ax.axvspan(t[1], tw, color="grey", alpha=0.12, lw=0)
-        axes[0].set_ylabel("KL(q_t || p), histogram")
-        axes[0].set_title(f"from {result['hist_kl_paper_step'][:, 0].mean():.1f} at step 0")
-        axes[1].axhline(0, color="black", lw=0.8)
-        axes[1].set_ylim(-0.03, 0.05)
-        axes[1].set_xlabel("time = step x h")
-        axes[1].set_ylabel("KL(q_t || p) - final KL")
-        axes[1].set_title("late part (paired differences)")
-        axes[2].set_ylabel("share with sign(w1) = sign(w2)")
-        axes[2].set_title(f"from {result['same_sign_paper_step'][:, 0].mean():.2f} at step 0")
-        axes[2].set_ylim(0, None)
-        axes[0].legend(frameon=False)
-        axes[2].legend(frameon=False)
-        fig.tight_layout()
-    plt.close(fig)
-    return fig
-
-
-def _pm(m: float, se: float, digits: int = 4) -> str:
-    return f"{m:.{digits}f} ± {se:.{digits}f}"
-
-
-def kl_table(result: store.Result) -> pd.DataFrame:
-    """Key numbers of the histogram KL curves (mean ± SE over the repeats), one column per step size."""
-    h = result.summary["histogram"]
-    rows: dict[str, dict[str, str]] = {}
-    for lab in STEP_LABELS:
-        s = h[lab]
-        col = f"h = {s['step_size']:g} ({s['steps']} steps)"
-        rows[col] = {
-            "h x largest curvature": f"{s['h_curvature_max']:.3f}",
-            "KL at step 0": _pm(s["kl_start"], s["kl_start_se"]),
-            f"KL at time {h['overshoot_time']:g} (end of the excluded window)": _pm(s["kl_window"], s["kl_window_se"]),
-            "minimum of the mean curve (time)": f"{s['kl_min']:.4f} ({s['kl_min_time']:g})",
-            "final KL": _pm(s["kl_final"], s["kl_final_se"]),
-            "final - step 0": _pm(s["net_all"], s["net_all_se"]),
-            "final - end of window": _pm(s["net_late"], s["net_late_se"]),
-            "final - minimum (cross-fitted)": _pm(s["rise_after_min"], s["rise_after_min_se"]),
-            "  same, bins of half the width": _pm(s["rise_after_min_half_width"], s["rise_after_min_half_width_se"]),
-            "  same, bins of twice the width": _pm(s["rise_after_min_double_width"], s["rise_after_min_double_width_se"]),
-            "  same, half the particles": _pm(s["rise_after_min_half_particles"], s["rise_after_min_half_particles_se"]),
-            "  cross-entropy part of it (the rest: entropy)":
-                _pm(s["cross_change_after_min"], s["cross_change_after_min_se"]),
-            "KL of the particles ending with opposite signs: change after the minimum":
-                _pm(s["ends_opposite_change_after_min"], s["ends_opposite_change_after_min_se"]),
-            "KL of the particles ending with the same sign: change after the minimum":
-                _pm(s["ends_same_change_after_min"], s["ends_same_change_after_min_se"]),
-            "jackknife correction: step 0, minimum, final":
-                f"{s['correction_start']:.4f}, {s['correction_at_min']:.4f}, {s['correction_final']:.4f}",
-        }
-    df = pd.DataFrame(rows)
-    df.loc["estimator bias on the prior (exact binned KL known)"] = _pm(h["bias_prior"], h["bias_prior_se"])
-    df.loc["estimator bias on exact posterior draws (truth 0)"] = _pm(h["bias_posterior"], h["bias_posterior_se"])
-    return df
-
-
-def same_sign_table(result: store.Result) -> pd.DataFrame:
-    """What the particles whose two weights share a sign do, at both step sizes."""
-    h = result.summary["histogram"]
-    q = result.summary["quadrant_mass_exact"]
-    rows = {}
-    for lab in STEP_LABELS:
-        s = h[lab]
-        rows[f"h = {s['step_size']:g}"] = {
-            "same sign at step 0": f"{s['same_sign_start']:.3f}",
-            "same sign at the end": _pm(s["same_sign_final"], s["same_sign_final_se"], 3),
-            "of those starting so: left": _pm(s["leave_fraction"], s["leave_fraction_se"], 3),
-            "time of leaving: median, 90%, last": f"{s['leave_time_median']:g}, {s['leave_time_q90']:g}, "
-                                                  f"{s['leave_time_max']:g}",
-            "leavers that left after the excluded window": f"{s['leave_after_window_fraction']:.3f}",
-            "left and came back": f"{s['returned']}",
-            "opposite sign at step 0, same sign at the end": f"{s['enter_fraction']:.4f}",
-            "diagonal rule predicts who leaves (agreement)": f"{s['leave_rule_agreement']:.3f}",
-        }
-    df = pd.DataFrame(rows)
-    df["exact posterior"] = ""
-    df.loc["same sign at the end", "exact posterior"] = f"{q[0] + q[3]:.2g}"
-    return df
-
 
 
 def run(

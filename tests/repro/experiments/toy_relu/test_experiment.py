@@ -11,7 +11,8 @@ import pytest
 
 from bootens_core.exact import density
 from bootens_core import models
-from bootens_core.repro.config import MHConfig, ToyReluConfig
+from bootens_core.repro.config import MHConfig
+from bootens_core.repro.experiments.toy_relu.config import ToyReluConfig
 from bootens_core.repro.experiments import toy_relu
 
 # Small but complete: a short MH, few KL evaluations, a coarse grid, a small histogram study.
@@ -50,16 +51,16 @@ def test_exact_posterior_is_symmetric_under_swapping_the_units(result):
 
 def test_quadrant_mass_counts():
     w = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1], [2, -3]], float)
-    np.testing.assert_allclose(toy_relu._quadrant_mass(w), [0.2, 0.4, 0.2, 0.2])
+    np.testing.assert_allclose(toy_relu.experiment._quadrant_mass(w), [0.2, 0.4, 0.2, 0.2])
 
 
 def test_grid_sampler_reproduces_the_grid_density():
     """Draws from a grid density have that density's quadrant masses (binomial error)."""
     g = density.grid(3.0, 61)
     logp = density.normalise(-0.5 * ((g.points[:, 0] - 1) ** 2 + g.points[:, 1] ** 2).reshape(g.shape), g)
-    draws = toy_relu._sample_grid(jax.random.key(0), logp, g, 20000)
-    expect = toy_relu._grid_quadrant_mass(logp, g)
-    got = toy_relu._quadrant_mass(draws)
+    draws = toy_relu.experiment._sample_grid(jax.random.key(0), logp, g, 20000)
+    expect = toy_relu.experiment._grid_quadrant_mass(logp, g)
+    got = toy_relu.experiment._quadrant_mass(draws)
     se = np.sqrt(expect * (1 - expect) / 20000)
     assert np.all(np.abs(got - expect) < 4 * se + 1e-3)  # + the cell-splitting at the axes (grid step 0.1)
 
@@ -73,10 +74,9 @@ def test_final_particles_are_the_perturbed_maps_of_their_quadrant(result):
 
 
 def test_figures_render(result):
-    from bootens_core.repro import plots
     from tests.repro.test_plots import render
 
-    for fig in (plots.toy_relu(result), plots.toy_relu_kl(result), toy_relu.kl_figure(result)):
+    for fig in (toy_relu.figures.posterior(result), toy_relu.figures.kl(result), toy_relu.figures.kl_histogram(result)):
         assert render(fig).startswith(b"\x89PNG")
 
 
@@ -110,6 +110,6 @@ def test_histogram_study_bookkeeping(result):
 
 
 def test_tables(result):
-    kt, st = toy_relu.kl_table(result), toy_relu.same_sign_table(result)
+    kt, st = toy_relu.verdicts.kl_table(result), toy_relu.verdicts.same_sign_table(result)
     assert kt.shape[1] == 2 and st.shape[1] == 3
     assert "final - minimum (cross-fitted)" in kt.index

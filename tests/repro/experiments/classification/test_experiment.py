@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro import plots, report
-from bootens_core.repro.config import ClassificationConfig, DropoutGridConfig, NUTSConfig
+from bootens_core.repro.config import DropoutGridConfig, NUTSConfig
+from bootens_core.repro.experiments.classification.config import ClassificationConfig
 from bootens_core.repro.experiments import classification
 
 
@@ -70,12 +70,12 @@ def test_tiny_run_has_the_contract_keys(tiny):
 
 @pytest.mark.slow
 def test_tiny_run_tables_and_figures(tiny):
-    verdicts = report.classification_verdicts(tiny.summary)
+    verdicts = classification.verdicts.evaluate(tiny.summary)
     assert set(verdicts) == {"reference", "agreement"}
-    assert len(report.classification_agreement(tiny.summary)) == 4  # boot, plain, 1 other alpha, NUTS floor
-    assert report.classification_table(tiny.summary).shape == (3, 3)
-    paired = report.classification_paired(tiny, "plain")
+    assert len(classification.verdicts.agreement(tiny.summary)) == 4  # boot, plain, 1 other alpha, NUTS floor
+    assert classification.verdicts.table(tiny.summary).shape == (3, 3)
+    paired = classification.verdicts.paired(tiny, "plain")
     assert set(paired["bootstrap is"]) <= {"better", "worse", "no clear difference"}
-    for fig in (plots.classification_bands(tiny), plots.classification_latent(tiny), plots.classification_alpha(tiny),
-                plots.classification_reliability(tiny, "wine")):
+    for fig in (classification.figures.bands(tiny), classification.figures.latent(tiny), classification.figures.alpha(tiny),
+                classification.figures.reliability(tiny, "wine")):
         assert fig.axes

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ... import classification, ensemble, samplers, metrics, models
-from ...baselines import dropout
-from .. import store
-from ..config import ClassificationConfig, require_x64
-from ...data import synthetic, tabular
+from .... import classification, ensemble, samplers, metrics, models
+from ....baselines import dropout
+from ... import store
+from ...config import require_x64
+from .config import ClassificationConfig
+from ....data import synthetic, tabular
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "run", "agreement"]
 

@@ -1,0 +1,17 @@
+"""Figure 3: 200 particles of an 8-hidden-layer ReLU network (m = 18001) at several stages, against a reference.
+
+The experiment in one place: its configuration (:mod:`.config`), its run (:mod:`.experiment`), its
+figures (:mod:`.figures`) and its verdicts and tables (:mod:`.verdicts`).
+"""
+
+from __future__ import annotations
+
+from . import figures, verdicts
+from .experiment import (
+    NAME, DESCRIPTION, ARTEFACTS, Config, run, agreement, reference_noise,
+)
+
+__all__ = [
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise", "figures",
+    "verdicts",
+]

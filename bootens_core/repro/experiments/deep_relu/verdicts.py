@@ -1,0 +1,114 @@
+"""Figure 3's verdicts and tables: agreement with the reference in the reference's own noise units."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ... import report
+
+__all__ = ["T_LIMIT", "RHAT_LIMIT", "evaluate", "along", "reference"]
+
+
+# Figure 3's rule: a statistic agrees with the reference when it is within T_LIMIT of the reference's
+# own half-vs-half noise units; the reference counts as converged below RHAT_LIMIT.
+T_LIMIT = 2.0
+
+
+RHAT_LIMIT = 1.1
+
+
+def _agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
+    """Two-sided agreement of one step with the reference: (agrees, margin, evidence)."""
+    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    ls = abs(float(np.log(sd_ratio)))
+    ok, margin = report.all_pass([(mad <= T_LIMIT * um, report.distance(mad, T_LIMIT * um, um)),
+                            (ls <= T_LIMIT * us, report.distance(ls, T_LIMIT * us, us))])
+    ev = (f"mean |Δmean|/sd {mad:.3g} against {T_LIMIT:g} × {um:.3g}; |log sd ratio| {ls:.3g} "
+          f"(ratio {sd_ratio:.3g}) against {T_LIMIT:g} × {us:.3g}")
+    return ok, margin, ev
+
+
+def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
+    """Verdicts of the deep-ReLU chapter (Figure 3).
+
+    ``reference``: the NUTS reference is converged when its largest predictive R-hat on the grid is below
+    ``RHAT_LIMIT`` (1.1). ``agreement`` (final step) and ``along`` (every recorded step): the paper's
+    claim that the particles "reasonably approximate" the MCMC result, judged two-sided against the
+    reference's own noise (``experiments.deep_relu.reference_noise``: half the chains against the other
+    half): the mean difference ``mean |Δmean|/sd`` must be at most ``T_LIMIT`` (2) times the
+    half-vs-half value, and ``|log sd ratio|`` (too wide and too narrow alike) at most 2 times the
+    half-vs-half root mean square. Margins are in those noise units. With a reference that is not converged
+    no agreement can be judged: both are "inconclusive" (the evidence says what the rule alone gives).
+    """
+    converged = s["rhat_max"] < RHAT_LIMIT
+    ref = "converged" if converged else f"NOT converged (max R-hat above {RHAT_LIMIT:g})"
+    out = {"reference": report.Verdict(ref, f"largest predictive R-hat {s['rhat_max']:.3f} (limit {RHAT_LIMIT:g})")}
+    ok, margin, ev = _agrees(s["mean_abs_diff_mean"], s["sd_ratio_median"], s)
+    rule = "agrees" if ok else "differs"
+    if converged:
+        out["agreement"] = report.Verdict("reproduced" if ok else "NOT reproduced", ev, margin)
+    else:
+        out["agreement"] = report.Verdict("inconclusive (reference not converged)",
+                                          f"the rule alone: {rule} ({ev})")
+    if "agreement_steps" in s:
+        steps = s["agreement_steps"]
+        res = [_agrees(m, r, s) for m, r in
+               zip(s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"], strict=True)]
+        agree_at = [t for t, (o, _, _) in zip(steps, res, strict=True) if o]
+        if not agree_at:
+            text = "agrees at no recorded step"
+        elif len(agree_at) == len(steps):
+            text = "agrees at every recorded step"
+        else:
+            text = f"agrees at {len(agree_at)} of {len(steps)} recorded steps"
+        margins = [m for _, m, _ in res]
+        margin = None if any(m is None for m in margins) else min(margins)
+        ev = (f"agrees at steps {', '.join(map(str, agree_at)) or 'none'} of {steps[0]}-{steps[-1]} "
+              f"(every {steps[1] - steps[0] if len(steps) > 1 else 0})")
+        out["along"] = (report.Verdict(text, ev, margin) if converged else
+                        report.Verdict("inconclusive (reference not converged)", f"the rule alone: {text}; {ev}"))
+    return out
+
+
+def along(s: dict[str, Any]) -> pd.DataFrame:
+    """The ensemble against the reference at every recorded optimisation step: the two statistics of the
+    rule (``evaluate``) in the reference's half-vs-half noise units, and what the rule says."""
+    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    rows = []
+    for t, m, r in zip(s["agreement_steps"], s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"],
+                       strict=True):
+        ok, _, _ = _agrees(m, r, s)
+        rows.append({"step": t, "mean |Δmean| / sd": m, "in noise units": m / um, "median sd ratio": r,
+                     "|log sd ratio| in noise units": abs(np.log(r)) / us,
+                     "rule": "agrees" if ok else "differs"})
+    return pd.DataFrame(rows).set_index("step")
+
+
+# The NUTS reference's diagnostics and noise scale, the paper's MH acceptance: (label, summary key).
+_REFERENCE = (
+    ("NUTS predictive R-hat, max over x", "nuts_rhat_max"), ("NUTS predictive R-hat, mean", "nuts_rhat_mean"),
+    ("NUTS bulk ESS, min over x", "nuts_ess_min"), ("NUTS divergent transitions", "nuts_divergences"),
+    ("NUTS leapfrog steps per draw", "nuts_mean_num_steps"), ("NUTS mean acceptance", "nuts_accept_rate"),
+    ("NUTS draws", "nuts_draws_total"),
+    ("NUTS half vs half: mean |Δmean| / sd", "reference_split_mean_abs_diff_mean"),
+    ("NUTS half vs half: median sd ratio", "reference_split_sd_ratio_median"),
+    ("NUTS half vs half: band coverage", "reference_split_band_coverage"),
+    ("noise unit: mean |Δmean| / sd, mean over half splits", "reference_noise_mad"),
+    ("noise unit: |log sd ratio|, rms over half splits", "reference_noise_log_sd"),
+    ("half splits of the chains", "reference_noise_partitions"),
+    ("paper's MH, faithful prior: acceptance", "mh_faithful_accept_rate"),
+    ("paper's MH, deviation prior: acceptance", "mh_deviation_accept_rate"),
+)
+
+
+def reference(s: dict[str, Any]) -> pd.DataFrame:
+    """The deep-ReLU chapter's reference, by readable label: NUTS's convergence diagnostics, its half-vs-half
+    noise (the unit of the agreement rule) and the paper's MH acceptance rates, from the run's summary ``s``
+    (NaN for a quantity the run did not compute)."""
+    return pd.DataFrame(
+        {"value": [float(s.get(key, float("nan"))) for _, key in _REFERENCE]},
+        index=pd.Index([label for label, _ in _REFERENCE], name="quantity"),
+    )

@@ -1,0 +1,67 @@
+"""experiments.deep_relu.verdicts: the rules that turn the run's summary into verdicts, and its tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bootens_core.repro.experiments import deep_relu
+
+
+def _deep(**kw):
+    s = {"rhat_max": 1.05, "mean_abs_diff_mean": 0.2, "sd_ratio_median": 1.1, "reference_noise_mad": 0.15,
+         "reference_noise_log_sd": 0.1, "agreement_steps": [0, 100, 200],
+         "mean_abs_diff_mean_along": [1.0, 0.2, 0.2], "sd_ratio_median_along": [3.0, 1.1, 1.1]}
+    return {**s, **kw}
+
+
+def test_deep_relu_verdicts_follow_their_rules():
+    v = deep_relu.verdicts.evaluate(_deep())
+    assert {k: str(x) for k, x in v.items()} == {
+        "reference": "converged", "agreement": "reproduced", "along": "agrees at 2 of 3 recorded steps"}
+    # Margin by hand: mean |Δmean| is (0.3 - 0.2) / 0.15 units inside its limit 2 x 0.15, |log 1.1| is
+    # (0.2 - log 1.1) / 0.1 units inside 2 x 0.1; the closer one decides.
+    assert v["agreement"].margin == pytest.approx(min(0.1 / 0.15, (0.2 - np.log(1.1)) / 0.1))
+    assert str(deep_relu.verdicts.evaluate(_deep(rhat_max=1.2))["reference"]).startswith("NOT")
+    # Two-sided: too wide and too narrow both fail.
+    assert str(deep_relu.verdicts.evaluate(_deep(sd_ratio_median=1.3))["agreement"]) == "NOT reproduced"
+    assert str(deep_relu.verdicts.evaluate(_deep(sd_ratio_median=1 / 1.3))["agreement"]) == "NOT reproduced"
+    assert str(deep_relu.verdicts.evaluate(_deep(mean_abs_diff_mean=0.31))["agreement"]) == "NOT reproduced"
+    every = _deep(mean_abs_diff_mean_along=[0.1] * 3, sd_ratio_median_along=[1.0] * 3)
+    assert str(deep_relu.verdicts.evaluate(every)["along"]) == "agrees at every recorded step"
+    none = _deep(mean_abs_diff_mean_along=[1.0] * 3)
+    assert str(deep_relu.verdicts.evaluate(none)["along"]) == "agrees at no recorded step"
+
+
+def test_deep_relu_verdict_is_inconclusive_without_a_converged_reference():
+    """Whatever the statistics say, a reference with R-hat >= 1.1 gives no agreement verdict."""
+    for kw in ({}, {"sd_ratio_median": 3.0}):
+        v = deep_relu.verdicts.evaluate(_deep(rhat_max=1.1, **kw))
+        assert str(v["agreement"]) == "inconclusive (reference not converged)"
+        assert str(v["along"]) == "inconclusive (reference not converged)"
+        assert v["agreement"].margin is None
+    assert "the rule alone: differs" in deep_relu.verdicts.evaluate(_deep(rhat_max=1.3, sd_ratio_median=3.0))[
+        "agreement"].evidence
+
+
+def test_deep_relu_along_table():
+    t = deep_relu.verdicts.along(_deep())
+    assert list(t.index) == [0, 100, 200]
+    assert list(t["rule"]) == ["differs", "agrees", "agrees"]
+    assert t.loc[0, "in noise units"] == pytest.approx(1.0 / 0.15)
+    assert t.loc[0, "|log sd ratio| in noise units"] == pytest.approx(np.log(3.0) / 0.1)
+
+
+def test_deep_relu_reference_table_reads_the_summary():
+    keys = ["nuts_rhat_max", "nuts_rhat_mean", "nuts_ess_min", "nuts_divergences", "nuts_mean_num_steps",
+            "nuts_accept_rate", "nuts_draws_total", "reference_split_mean_abs_diff_mean",
+            "reference_split_sd_ratio_median", "reference_split_band_coverage", "reference_noise_mad",
+            "reference_noise_log_sd", "reference_noise_partitions", "mh_faithful_accept_rate",
+            "mh_deviation_accept_rate"]
+    s = {k: float(i) for i, k in enumerate(keys)}
+    del s["reference_split_band_coverage"]  # not computed by this run
+    t = deep_relu.verdicts.reference(s)
+    assert list(t.index)[0] == "NUTS predictive R-hat, max over x" and len(t) == len(keys)
+    assert t.loc["NUTS bulk ESS, min over x", "value"] == keys.index("nuts_ess_min")
+    assert np.isnan(t.loc["NUTS half vs half: band coverage", "value"])
+    assert not any("_" in label for label in t.index)  # readable labels, no summary keys
