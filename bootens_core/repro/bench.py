@@ -370,13 +370,16 @@ def _check(cfg: BenchConfig) -> None:
         raise ValueError(f"max_rows must be >= 0 (0 = the dataset's size), got {cfg.max_rows}")
 
 
-def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict[str, Any]:
+def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
+            on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the benchmark of ``cfg`` and return the ``bench.json`` document.
 
     Keys: ``device`` and ``versions`` (with ``torch``: its version or ``None``), ``provenance``, ``config``,
     ``peak`` (measured matmul FLOP/s and bandwidth), ``rows`` (one per model x dataset x k, with
     :data:`ROW_KEYS` and the spread of every timing), ``skipped`` (rows whose working set would exceed
-    ``max_memory_fraction`` of the device memory), ``load_average`` before and after, ``wall_s``.
+    ``max_memory_fraction`` of the device memory), ``load_average`` before and after, ``wall_s``, and
+    ``complete`` (whether every row of ``cfg`` was measured). ``on_row`` receives the document so far (with
+    ``complete`` false) after every measured or skipped row, so that a run cut off keeps what it measured.
     """
     _check(cfg)
     start = time.perf_counter()
@@ -398,12 +401,34 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
 
     jobs = [(h, d) for h in cfg.hidden_layers for d in cfg.datasets]
     total = len(jobs) * len(cfg.ks)
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+
+    def document(complete: bool) -> dict[str, Any]:
+        prov = store.provenance(time.perf_counter() - start)
+        versions = {**prov["versions"], "torch": _torch_version(), "python": prov["python"]}
+        return {
+            "device": _device_info(prov, mem),
+            "versions": versions,
+            "provenance": prov,
+            "config": as_dict(cfg),
+            "optimizer": "Adam (optax.adam), full batch, float32; matmul FLOPs only "
+                         "(see bootens_core.repro.bench)",
+            "peak": {"matmul_flops_per_s": peak["flops_per_s"], "matmul": peak,
+                     "bandwidth_bytes_per_s": bw["bytes_per_s"], "bandwidth": bw},
+            "rows": list(rows),
+            "skipped": list(skipped),
+            "complete": complete,
+            "torch_available": use_torch,
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+            "wall_s": time.perf_counter() - start,
+        }
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc="bench", unit="row")
-    rows, skipped = [], []
     try:
         for h, ds in jobs:
             in_dim, n_full = SHAPES[ds]
@@ -439,6 +464,8 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                                               f"({cfg.max_memory_fraction:.0%} of the device memory)"})
                     if bar is not None:
                         bar.update(1)
+                    if on_row is not None:
+                        on_row(document(False))
                     continue
                 p = setup(key_job, in_dim, n, h, k, width=cfg.width, learning_rate=cfg.learning_rate,
                           noise_var=cfg.noise_var)
@@ -484,25 +511,12 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False) -> dict
                 })
                 if bar is not None:
                     bar.update(1)
+                if on_row is not None:
+                    on_row(document(False))
     finally:
         if bar is not None:
             bar.close()
-    prov = store.provenance(time.perf_counter() - start)
-    versions = {**prov["versions"], "torch": _torch_version(), "python": prov["python"]}
-    return {
-        "device": _device_info(prov, mem),
-        "versions": versions,
-        "provenance": prov,
-        "config": as_dict(cfg),
-        "optimizer": "Adam (optax.adam), full batch, float32; matmul FLOPs only (see bootens_core.repro.bench)",
-        "peak": {"matmul_flops_per_s": peak["flops_per_s"], "matmul": peak,
-                 "bandwidth_bytes_per_s": bw["bytes_per_s"], "bandwidth": bw},
-        "rows": rows,
-        "skipped": skipped,
-        "torch_available": use_torch,
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-        "wall_s": time.perf_counter() - start,
-    }
+    return document(True)
 
 
 def _device_info(prov: dict[str, Any], memory: int | None) -> dict[str, Any]:

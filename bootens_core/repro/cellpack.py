@@ -153,6 +153,15 @@ class CellTimes:
     is an upper bound when a cell's time does not decrease as ``c`` grows and grows at most in proportion to
     it (a device is never less efficient on a larger problem); the same method and dataset is the case ratio 1.
     With no measurement of the family at all the estimate is ``default_s``.
+
+    **Probes.** A family with no measurement on this device has only estimates from another device (a CPU
+    record, or ``default_s``), and those can overstate an accelerator's time by orders of magnitude, so that
+    no cell of the family would ever fit a window. :meth:`probe` therefore lets one cell of such a family
+    start although its estimate does not fit: its cheapest pending cell (least cost units; the first of them
+    in the given order), once per family and process, while at least ``probe_share`` of the budget and at
+    least ``probe_min_s`` seconds are left (a window too short for any cell of a paper-scale family starts
+    none). When it finishes the family is measured on this device and the rule above applies.
+    :attr:`probed` lists the probes.
     """
 
     def __init__(
@@ -163,11 +172,18 @@ class CellTimes:
         default_s: float = 600.0,
         safety: float = 1.25,
         family: Callable[[str], str] = lambda method: method.partition("-")[0],
+        probe_share: float = 0.5,
+        probe_min_s: float = 60.0,
     ) -> None:
         if not (default_s > 0 and math.isfinite(default_s)):
             raise ValueError(f"the default cell time must be a positive number of seconds, got {default_s}")
         if not safety >= 1:
             raise ValueError(f"the safety factor must be >= 1, got {safety}")
+        if not 0 <= probe_share <= 1:
+            raise ValueError(f"the probe share is the fraction of the budget a probe needs left, in [0, 1], "
+                             f"got {probe_share}")
+        if not probe_min_s >= 0:
+            raise ValueError(f"the least time left for a probe must be >= 0 seconds, got {probe_min_s}")
         self.cost = cost
         self.device = device
         self.default_s = float(default_s)
@@ -176,6 +192,9 @@ class CellTimes:
         # (method, dataset, device, own) -> [compute seconds, compile seconds or None]
         self._groups: dict[tuple[str, str, str, bool], list[Any]] = {}
         self._warm: set[tuple[str, str]] = set()
+        self.probe_share = float(probe_share)
+        self.probe_min_s = float(probe_min_s)
+        self.probed: list[Cell] = []
 
     def add(self, m: Measurement) -> None:
         """Take one more measured cell into account."""
@@ -197,6 +216,30 @@ class CellTimes:
 
     def is_warm(self, method: str, dataset: str) -> bool:
         return (method, dataset) in self._warm
+
+    def measured_here(self, method: str) -> bool:
+        """Whether a cell of ``method``'s family has been measured on this device (own or reference)."""
+        fam = self.family(method)
+        return any(self.family(k[0]) == fam and k[2] == self.device for k in self._groups)
+
+    def probe(self, cell: Cell, pending: Sequence[Cell], left_s: float | None,
+              budget_s: float | None) -> bool:
+        """Whether ``cell`` may start as its family's probe (the rule of the class docstring): its family is
+        not measured on this device and has had no probe in this process, ``cell`` is the cheapest of its
+        family among ``pending``, and ``left_s`` is at least ``probe_share`` of ``budget_s`` and at least
+        ``probe_min_s`` (any, without a budget). A ``True`` answer records the probe."""
+        fam = self.family(cell.method)
+        if self.measured_here(cell.method) or any(self.family(c.method) == fam for c in self.probed):
+            return False
+        if left_s is not None and (left_s < self.probe_min_s or (
+                budget_s is not None and left_s < self.probe_share * float(budget_s))):
+            return False
+        same = [c for c in pending if self.family(c.method) == fam]
+        cheapest = min(same, key=lambda c: float(self.cost(c.method, c.dataset)), default=None)
+        if cheapest != cell:
+            return False
+        self.probed.append(cell)
+        return True
 
     def estimate(self, cell: Cell, *, warm: bool | None = None) -> float:
         """Estimated seconds of ``cell`` (the rule of the class docstring); ``warm`` overrides whether its
@@ -272,13 +315,15 @@ def run_budgeted(
     on_finish: Callable[[Cell, dict[str, Any]], None] | None = None,
     force: bool = False,
     progress: bool = False,
+    probe: Callable[[Cell, Sequence[Cell], float | None, float | None], bool] | None = None,
 ) -> BudgetRun:
     """Compute the cells of ``cells`` not yet in ``store``, in the given order, within ``budget_s`` seconds.
 
     Whenever a worker is free, the first cell (in the given order) whose ``estimate(cell)`` is
-    :func:`admissible` starts; a cell that does not fit is passed over (a later, cheaper one may fit) and
-    reconsidered after every finished cell (the estimates may fall as measurements arrive). The budget runs from
-    ``start`` (a ``clock()`` value; default: now). Each finished cell is stored at once (atomically) and then
+    :func:`admissible`, or that ``probe(cell, pending, seconds left, budget_s)`` lets start anyway (e.g.
+    :meth:`CellTimes.probe`), starts; a cell that does neither is passed over (a later, cheaper one may fit)
+    and reconsidered after every finished cell (the estimates may fall as measurements arrive). The budget runs
+    from ``start`` (a ``clock()`` value; default: now). Each finished cell is stored at once (atomically) and then
     given to ``on_finish`` (in the calling thread). A cell that raises an ``Exception`` is reported in
     ``failed`` and the others go on; an interrupt leaves every finished cell stored. With ``workers > 1`` cells
     run in threads.
@@ -302,9 +347,11 @@ def run_budgeted(
 
     def pick(running: list[tuple[float, float]]) -> tuple[Cell, float, float] | None:
         now = clock()
+        left = None if deadline is None else deadline - now
         for j, cell in enumerate(pending):
             e = float(estimate(cell))
-            if admissible(e, now, deadline, running, workers):
+            if admissible(e, now, deadline, running, workers) or (
+                    probe is not None and probe(cell, pending, left, budget_s)):
                 return pending.pop(j), e, now
         return None
 

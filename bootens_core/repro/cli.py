@@ -380,13 +380,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if problem:
         print(f"bootens: {problem}", file=sys.stderr)
         return 2
+    label = "quick" if args.quick else config.profile(args.profile)
+    out = Path(args.out) / "bench.json"
     try:
-        doc = bench.measure(jax.random.key(cfg.seed), cfg, progress=not args.quiet)
+        # bench.json is rewritten after every row ("complete" false until the end): a run cut off keeps
+        # the rows it measured.
+        doc = bench.measure(jax.random.key(cfg.seed), cfg, progress=not args.quiet,
+                            on_row=lambda partial: _write_json(out, {**partial, "profile": label}))
     except ValueError as exc:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
-    doc["profile"] = "quick" if args.quick else config.profile(args.profile)
-    out = _write_json(Path(args.out) / "bench.json", doc)
+    doc["profile"] = label
+    _write_json(out, doc)
     if not args.quiet:
         for r in doc["rows"]:
             torch_x = "-" if r["speedup_vs_torch_loop"] is None else f"{r['speedup_vs_torch_loop']:.2f}"
@@ -537,8 +542,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.fn(args)
     except KeyboardInterrupt:
-        print("bootens: interrupted; no partial result was written (uci keeps its finished cells and resumes "
-              "from them on the next run)", file=sys.stderr)
+        print("bootens: interrupted; no partial result was written, except that uci keeps its finished cells "
+              "(the next run resumes from them) and bench its measured rows (bench.json, marked incomplete)",
+              file=sys.stderr)
         return 130
 
 

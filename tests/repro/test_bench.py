@@ -130,6 +130,31 @@ def test_cli_writes_the_bench_json_contract(tmp_path: Path, capsys):
         assert r["particle_steps_per_s_spread"]["min"] <= r["particle_steps_per_s"] <= r["particle_steps_per_s_spread"]["max"]
         if doc["versions"]["torch"] is None:
             assert r["speedup_vs_torch_loop"] is None
+    assert doc["complete"] is True and doc["profile"] == "quick"
+
+
+def test_a_bench_cut_off_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch, capsys):
+    """bench.json is rewritten after every row: an interrupt after the first of two rows leaves that row,
+    marked incomplete (as a device command stopped at its time limit would)."""
+    seen = []
+    real = bench.measure
+
+    def cut_after_one_row(key, cfg, *, progress=False, on_row=None):
+        def once(doc):
+            on_row(doc)
+            seen.append(doc)
+            raise KeyboardInterrupt
+
+        return real(key, cfg, progress=progress, on_row=once)
+
+    monkeypatch.setattr(bench, "measure", cut_after_one_row)
+    code = cli.main(["bench", "--k", "1", "4", "--models", "1", "--datasets", "boston", "--steps", "2",
+                     "--repeats", "1", "--max-rows", "32", "--loop-particles", "1", "--no-torch", "--quiet",
+                     "--out", str(tmp_path)])
+    assert code == 130 and "bench its measured rows" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert len(seen) == 1 and doc["complete"] is False and doc["profile"] == "quick"
+    assert [(r["dataset"], r["k"]) for r in doc["rows"]] == [("boston", 1)]
 
 
 def test_cli_bench_bad_dataset(tmp_path: Path, capsys):

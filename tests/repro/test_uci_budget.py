@@ -123,6 +123,41 @@ def test_cell_time_estimates_follow_the_documented_rule():
     assert gpu.estimate(small) == 16.0 and gpu.estimate(big) == 16.0
 
 
+def test_a_family_measured_only_on_another_device_gets_one_probe():
+    """Estimates from another device (a CPU record) can overstate an accelerator's time so much that no
+    cell of the family would ever fit: its cheapest pending cell may start once, as a probe, while enough
+    is left."""
+    units = {("ensemble-1", "small"): 1.0, ("ensemble-1", "big"): 8.0, ("ensemble-4", "small"): 4.0,
+             ("mcd-1", "small"): 1.0}
+    small, big = Cell("small", 0, "ensemble-1"), Cell("big", 0, "ensemble-1")
+    deep = Cell("small", 0, "ensemble-4")
+    pending = [deep, big, small, Cell("small", 1, "ensemble-1"), Cell("small", 0, "mcd-1")]
+
+    def fresh(**kw):
+        times = cellpack.CellTimes(lambda m, d: units[(m, d)], device="gpu", **kw)
+        times.add(cellpack.Measurement("ensemble-1", "small", "cpu", 1000.0, 0.0, own=False))
+        return times
+
+    times = fresh()
+    assert not times.measured_here("ensemble-4")
+    # only the family's cheapest pending cell (the first of equals), with half the budget and 60 s left
+    assert not times.probe(deep, pending, 480.0, 480.0) and not times.probe(big, pending, 480.0, 480.0)
+    assert not times.probe(small, pending, 239.0, 480.0) and not times.probe(small, pending, 59.0, 100.0)
+    assert times.probed == []
+    assert times.probe(small, pending, 240.0, 480.0) and times.probed == [small]
+    assert not times.probe(Cell("small", 1, "ensemble-1"), pending[3:], 480.0, 480.0)  # once per family
+    assert times.probe(Cell("small", 0, "mcd-1"), pending, 480.0, 480.0)  # another family has its own
+    assert fresh().probe(small, pending, 1e9, None) and fresh().probe(small, pending, None, None)  # no budget
+    # measured on this device (own or reference): the ordinary rule, no probe
+    times = fresh()
+    times.add(cellpack.Measurement("ensemble-4", "small", "gpu", 5.0, 1.0, own=False))
+    assert times.measured_here("ensemble-1") and not times.probe(small, pending, 480.0, 480.0)
+    with pytest.raises(ValueError, match="probe share"):
+        fresh(probe_share=1.5)
+    with pytest.raises(ValueError, match="least time left for a probe"):
+        fresh(probe_min_s=-1.0)
+
+
 def test_admissible_counts_the_running_cells():
     assert cellpack.admissible(10.0, now=0.0, deadline=None)
     assert cellpack.admissible(10.0, now=5.0, deadline=15.0) and not cellpack.admissible(10.0, 5.1, 15.0)
@@ -191,6 +226,36 @@ def test_budget_too_small_for_any_cell_starts_none(tmp_path):
     got = run(1.0)  # the cheapest cell takes 1.1 s
     assert calls == [] and got.ran == [] and clock.t == 0.0
     assert [c for c, _ in got.remaining] == pending
+
+
+def test_a_window_on_a_new_device_probes_then_reaches_the_larger_cells(tmp_path):
+    """The only times known are a CPU record's, far above the window (as on a GPU's first window): the
+    cheapest ensemble cell starts as a probe, and the cells its measured time bounds follow in priority
+    order."""
+    cfg = _cfg(datasets=("boston", "yacht"), methods=("ensemble-1", "ensemble-4"), max_splits=2, workers=1)
+    secs = {(m, d): uci.cost_units(m, d, cfg) / 1e5 for m in cfg.methods for d in cfg.datasets}
+    clock, calls = FakeClock(), []
+
+    def compute(cell):
+        calls.append(cell)
+        clock.t += secs[(cell.method, cell.dataset)]
+        return _fake_record(cell, secs[(cell.method, cell.dataset)])
+
+    cpu = [cellpack.Measurement("ensemble-1", "yacht", "a CPU elsewhere", 1000.0, 0.0)]
+    got = uci.run_pending(jax.random.key(cfg.seed), cfg, budget_s=100.0, references=cpu, compute=compute,
+                          clock=clock, safety=1.0, root=tmp_path / "cells")
+    assert calls[0] == Cell("yacht", 0, "ensemble-1") and calls == got.ran  # the probe: the cheapest cell
+    assert any(n.startswith("probe: yacht/ensemble-1") for n in got.notes)
+    # then, scaled up from the probe's 1.1 s by cost units (never down), whatever fits in priority order:
+    # boston ensemble-4 (38.2 s) twice fits in the 100 s, then the smaller cells
+    assert [(c.dataset, c.method) for c in calls[1:3]] == [("boston", "ensemble-4")] * 2
+    assert clock.t <= 100.0 and len(calls) > 3
+    # without references or any measurement (estimates of 600 s) the same; a window under 60 s starts none
+    for budget, first in ((100.0, [Cell("yacht", 0, "ensemble-1")]), (50.0, [])):
+        clock.t, calls[:] = 0.0, []
+        got = uci.run_pending(jax.random.key(cfg.seed), cfg, budget_s=budget, compute=compute, clock=clock,
+                              safety=1.0, root=tmp_path / f"fresh-{budget}")
+        assert calls[:1] == first
 
 
 @needs_mirror

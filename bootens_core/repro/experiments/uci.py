@@ -1421,7 +1421,10 @@ def run_pending(
     - **Estimates** (:class:`~bootens_core.repro.cellpack.CellTimes`, rule in its docstring, ``safety`` and
       ``default_s`` as there): from the ``wall_s``/``compile_s`` of the configuration's stored cells (those of
       this run join as they finish), else ``references`` (:func:`reference_times`), scaled between datasets and
-      depths of one method family by :func:`cost_units`; preferring measurements on this device.
+      depths of one method family by :func:`cost_units`; preferring measurements on this device. A family
+      not yet measured on this device gets one probe, its cheapest cell, started although its estimate (from
+      another device) does not fit (:meth:`~bootens_core.repro.cellpack.CellTimes.probe`); the run's
+      ``notes`` name it.
     - **Records**: each computed cell carries ``compile_s``, ``compiles`` and ``provenance`` (device, versions,
       git commit, source hash, elapsed seconds) beside the usual fields, and is stored at once, atomically.
     - **Pack** (``pack``: a ``.tar.gz`` path): rewritten after every finished cell (it exists from the start,
@@ -1478,8 +1481,11 @@ def run_pending(
     outcome = cellpack.run_budgeted(
         runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
         estimate=times.estimate, budget_s=budget_s, workers=cfg.workers, clock=clock, start=t0, on_finish=on_finish,
-        force=force, progress=progress,
+        force=force, progress=progress, probe=times.probe,
     )
+    for cell in times.probed:
+        notes.append(f"probe: {cell.label} started although its estimate did not fit, as no "
+                     f"{cell.method.partition('-')[0]} cell had been measured on {times.device}")
     left = set(outcome.remaining) | set(skipped)
     remaining, seen = [], set()
     for cell in mine:
