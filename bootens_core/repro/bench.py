@@ -550,7 +550,7 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
     and the arithmetic intensity of the validation fits) are lower bounds for a line-search L-BFGS.
     ``grid_batch_used`` is the length of the batches the grid was cut into and ``grid_padding`` the number of
     repeated values that made them one length (:func:`bootens_core.repro.experiments.uci.grid_batches`; their
-    work is not counted in ``flops``). ``cfg`` is a :class:`~bootens_core.repro.config.UCIConfig` (its
+    work is not counted in ``flops``). ``cfg`` is a :class:`~bootens_core.repro.experiments.uci.config.UCIConfig` (its
     ``n_particles``, L-BFGS and grid are used).
     """
     import dataclasses

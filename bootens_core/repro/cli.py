@@ -418,8 +418,9 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
     import jax
 
     from . import bench, config
+    from .experiments.uci.config import UCIConfig
 
-    cfg = config.for_profile(config.UCIConfig, "quick" if args.quick else args.profile)
+    cfg = config.for_profile(UCIConfig, "quick" if args.quick else args.profile)
     if args.k:
         cfg = dataclasses.replace(cfg, n_particles=int(args.k[0]))
     if args.steps is not None:

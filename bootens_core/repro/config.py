@@ -1,8 +1,7 @@
 """Configurations: profiles, the helpers every configuration shares, and the methods' sub-configurations.
 
 An experiment's configuration is one frozen dataclass with ``quick()`` and ``paper()``; it lives beside the
-experiment (``experiments/<name>/config.py``; the UCI tables' :class:`UCIConfig`, the benchmark's and the
-profiler's are here while their experiments are single modules). ``profile()`` is the only place that reads
+experiment (``experiments/<name>/config.py``; the benchmark's and the profiler's are here). ``profile()`` is the only place that reads
 ``BOOTENS_PROFILE``. A configuration is plain data: it is hashed (with the PRNG key and the package source)
 into the result-cache key, so every field that changes a result must live in it.
 
@@ -20,16 +19,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 __all__ = [
     "PROFILES",
     "profile",
-    "UCIConfig",
     "BenchConfig",
     "ProfileConfig",
-    "UCI_DATASETS",
-    "UCI_METHODS",
     "UCI_LBFGS_LINESEARCHES",
     "NetworkConfig",
     "LBFGSConfig",
@@ -322,94 +318,12 @@ class NUTSConfig:
     target_accept: float = 0.9
 
 
-UCI_DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
-# Method ids of the UCI harness: "<method>-<hidden layers>" for networks, "gp" for the GP baseline. New ids
-# are appended: a method's position seeds its cells' keys.
-UCI_METHODS = ("ensemble-1", "ensemble-4", "gp", "mcd-1", "mcd-4", "sghmc-1")
 # The L-BFGS variants of the UCI ensembles (``UCIConfig.lbfgs.linesearch``): None -- optax's L-BFGS with a fixed
 # step, one iteration per step; "zoom" -- optax's L-BFGS with its zoom line search; "torch" --
 # torch.optim.LBFGS(lr) (fixed step; bootens_core.ensemble.lbfgs.torch_lbfgs), one step = one outer step of up to
 # ``lbfgs_iters_per_step`` iterations, history ``lbfgs_memory``; "torch-strong-wolfe" -- the same with
 # line_search_fn="strong_wolfe" (at most 25 further evaluations per search, as PyTorch before 2.10).
 UCI_LBFGS_LINESEARCHES: tuple[str | None, ...] = (None, "zoom", "torch", "torch-strong-wolfe")
-
-
-@dataclass(frozen=True)
-class UCIConfig:
-    """Tables 1-3: the UCI regression benchmark (Appendix "Details on the experimental results").
-
-    Paper: 200 particles of ReLU networks with 1 and 4 hidden layers of 50 units, alpha_w^2 = alpha_b^2 = 1,
-    sigma^2 by grid search on validation MNLL (20% of the training split held out), L-BFGS "32 steps, step
-    size 0.5"; exact GPR with an isotropic squared-exponential kernel (SVGP with 400 inducing points for
-    Protein); 10 splits (5 for Protein). The paper gives no grid: ``noise_grid`` (standardised label units)
-    is ours. ``max_splits`` = 0 means the paper's number of splits.
-    """
-
-    seed: int = 0
-    datasets: tuple[str, ...] = UCI_DATASETS
-    methods: tuple[str, ...] = UCI_METHODS
-    max_splits: int = 0
-    # Ensembles (Algorithm 1): n_particles networks trained together by L-BFGS.
-    n_particles: int = 200
-    # The networks and their prior, shared by the ensembles and SGHMC (MC dropout takes the width). Deviation
-    # switch: ``network.scale_by_fan_in``, the weight prior N(0, weight_var / fan_in) instead of the paper's.
-    network: NetworkConfig = NetworkConfig()
-    lbfgs: LBFGSConfig = LBFGSConfig()
-    # The sigma^2 grid of every method that selects sigma^2 on validation MNLL (standardised label units: the
-    # paper gives no grid) and the share of the training split held out for it.
-    noise_grid: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
-    val_fraction: float = 0.2
-    gp: GPConfig = GPConfig()
-    mcd: MCDropoutConfig = MCDropoutConfig()
-    sghmc: SGHMCConfig = SGHMCConfig()
-    # How the run is carried out, not what it computes (neither decides a cell). Cells run at once (threads);
-    # the quick profile runs 2: on the 2-core CI machine two cells at once take 0.59x the time of one after
-    # the other (4 Boston/Yacht ensemble cells).
-    workers: int = 1
-    # How many sigma^2 values of ``noise_grid`` an ensemble cell trains as one batch during its selection
-    # (ensemble.train_grid: the same particles as one value at a time, up to float rounding). 0: automatic --
-    # 1 on a CPU, where a batch saves nothing, and on an accelerator as many as fit in a quarter of its memory
-    # (uci.grid_batch).
-    noise_grid_batch: int = 0
-
-    # The flat field names of earlier versions that are not "<sub-configuration>_<field>" (config.resolve).
-    LEGACY_NAMES: ClassVar[dict[str, str]] = {
-        "width": "network.width", "weight_var": "network.weight_var", "bias_var": "network.bias_var",
-        "scale_by_fan_in": "network.scale_by_fan_in", "dtype": "network.dtype",
-        "svgp_datasets": "gp.svgp_datasets", "n_inducing": "gp.n_inducing",
-    }
-
-    def __post_init__(self) -> None:
-        nb = self.noise_grid_batch
-        if isinstance(nb, bool) or not isinstance(nb, int) or nb < 0:
-            raise ValueError(f"noise_grid_batch must be a non-negative integer (0 = automatic), got {nb!r}")
-        for name, cls in (("network", NetworkConfig), ("lbfgs", LBFGSConfig), ("gp", GPConfig),
-                          ("mcd", MCDropoutConfig), ("sghmc", SGHMCConfig)):
-            if not isinstance(getattr(self, name), cls):
-                raise ValueError(f"UCIConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
-
-    @classmethod
-    def quick(cls) -> UCIConfig:
-        return cls(datasets=("boston", "yacht"), methods=("ensemble-1", "gp", "mcd-1", "mcd-4", "sghmc-1"),
-                   max_splits=3, n_particles=50, mcd=MCDropoutConfig(samples=1000), sghmc=SGHMCConfig(thin=200),
-                   workers=2)
-
-    @classmethod
-    def paper(cls) -> UCIConfig:
-        return cls()
-
-    @classmethod
-    def faithful(cls) -> UCIConfig:
-        """The paper's settings with its optimizer as written: ``torch.optim.LBFGS(lr=0.5)`` with torch's
-        defaults (fixed step, ``max_iter=20``, ``history_size=100``) stepped 32 times (``--set
-        lbfgs.linesearch=torch --set lbfgs.memory=100`` on the CLI)."""
-        return cls(lbfgs=LBFGSConfig(linesearch="torch", memory=100))
-
-    @classmethod
-    def optax_fixed_step(cls) -> UCIConfig:
-        """The paper's settings with optax's L-BFGS at the fixed step 0.5 for 640 iterations (memory 10; the
-        committed ``results/paper/uci-fixed-step`` record; ``--set lbfgs.linesearch=null`` on the CLI)."""
-        return cls(lbfgs=LBFGSConfig(linesearch=None))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ import numpy as np
 from .. import ensemble, models
 from ..driver import CompileCounter
 from . import store
-from .config import ProfileConfig, UCIConfig
+from .config import ProfileConfig
+from .experiments.uci.config import UCIConfig
 
 __all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "run", "load_ci_records"]
 

@@ -19,7 +19,8 @@ import pytest
 
 from bootens_core import ensemble, models
 from bootens_core.repro import config
-from bootens_core.repro.config import UCI_LBFGS_LINESEARCHES, LBFGSConfig, NetworkConfig, UCIConfig
+from bootens_core.repro.config import UCI_LBFGS_LINESEARCHES, LBFGSConfig, NetworkConfig
+from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments import uci
 from bootens_core.ensemble.lbfgs import TorchLBFGSState
 from bootens_core.perturb import perturbed_log_joint
@@ -177,15 +178,15 @@ def test_cli_set_selects_the_torch_lbfgs():
 
 
 def test_only_the_ensemble_hash_follows_lbfgs_linesearch():
-    base = {f: uci._family_hash(UCIConfig(), f) for f in uci._FAMILIES}
+    base = {f: uci.experiment._family_hash(UCIConfig(), f) for f in uci.experiment._FAMILIES}
     seen = {base["ensemble"]}
     for v in (None, "torch", "torch-strong-wolfe"):
-        h = {f: uci._family_hash(UCIConfig(lbfgs=LBFGSConfig(linesearch=v)), f) for f in uci._FAMILIES}
+        h = {f: uci.experiment._family_hash(UCIConfig(lbfgs=LBFGSConfig(linesearch=v)), f) for f in uci.experiment._FAMILIES}
         assert {f for f in h if h[f] != base[f]} == {"ensemble"}
         seen.add(h["ensemble"])
     assert len(seen) == 4
     # torch_lbfgs's source decides the ensembles' numbers
-    assert "ensemble/lbfgs.py" in uci._FAMILIES["ensemble"].sources
+    assert "ensemble/lbfgs.py" in uci.experiment._FAMILIES["ensemble"].sources
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def test_lbfgs_check_runs_the_torch_lbfgs(monkeypatch):
     assert pairs["stored"] + pairs["skipped"] == pairs["built"] and pairs["skipped"] >= 0
     assert 0 <= r["fixed_uphill"] <= 12 and 0 <= r["fixed_negative_pairs"] <= 11
     # the same particle through ensemble.train with the UCI ensembles' torch optimizer: the same losses
-    opt = uci._lbfgs(dataclasses.replace(cfg.lbfgs, linesearch="torch"))
+    opt = uci.experiment._lbfgs(dataclasses.replace(cfg.lbfgs, linesearch="torch"))
     from bootens_core.data import uci as uci_data
 
     data = uci_data.load("yacht", 0)

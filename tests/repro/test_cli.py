@@ -98,7 +98,7 @@ def test_uci_stored_only_summarises_finished_cells(tmp_path, monkeypatch, capsys
     import jax
 
     from bootens_core.repro import harness
-    from bootens_core.repro.config import UCIConfig
+    from bootens_core.repro.experiments.uci.config import UCIConfig
     from bootens_core.repro.experiments import uci
 
     monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache"))
@@ -111,7 +111,7 @@ def test_uci_stored_only_summarises_finished_cells(tmp_path, monkeypatch, capsys
     rec = {f: 0 for f in harness.CELL_FIELDS} | {
         "dataset": "yacht", "split": 1, "method": "gp", "hidden_layers": 0, "test_rmse": 0.5, "test_mnll": 1.0,
         "coverage95": 0.9, "wall_s": 2.5, "diverged_particles": 0, "selection": "fitted with the model"}
-    uci._cell_store(jax.random.key(cfg.seed), cfg).put(harness.Cell("yacht", 1, "gp"), rec)
+    uci.experiment._cell_store(jax.random.key(cfg.seed), cfg).put(harness.Cell("yacht", 1, "gp"), rec)
     assert cli.main(argv) == 0
     s = json.loads((tmp_path / "out" / "uci" / "summary.json").read_text())
     prov = json.loads((tmp_path / "out" / "uci" / "provenance.json").read_text())

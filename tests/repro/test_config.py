@@ -14,6 +14,7 @@ from bootens_core.repro.experiments.linear.config import LinearConfig
 from bootens_core.repro.experiments.classification.config import ClassificationConfig
 from bootens_core.repro.experiments.deep_relu.config import DeepReluConfig
 from bootens_core.repro.experiments.toy_relu.config import ToyReluConfig
+from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 
 CONFIGS = [UnivariateConfig, LinearConfig]
@@ -105,7 +106,6 @@ def test_univariate_config_has_the_papers_particle_count():
 
 
 def test_uci_profiles_use_the_line_search_and_faithful_is_torchs_lbfgs():
-    from bootens_core.repro.config import UCIConfig
 
     assert UCIConfig.paper().lbfgs.linesearch == "zoom" and UCIConfig.quick().lbfgs.linesearch == "zoom"
     assert UCIConfig.paper().lbfgs.memory == 10
@@ -125,7 +125,7 @@ def test_uci_profiles_use_the_line_search_and_faithful_is_torchs_lbfgs():
 # Nested configurations: a method's settings are one sub-configuration; names, dicts and earlier flat names
 
 
-@pytest.mark.parametrize("cls", [config.UCIConfig, ToyReluConfig, DeepReluConfig,
+@pytest.mark.parametrize("cls", [UCIConfig, ToyReluConfig, DeepReluConfig,
                                  ClassificationConfig])
 @pytest.mark.parametrize("profile", ["quick", "paper"])
 def test_as_dict_round_trips_through_json(cls, profile):
@@ -135,7 +135,7 @@ def test_as_dict_round_trips_through_json(cls, profile):
 
 
 def test_sub_configurations_are_nested_dicts():
-    d = config.as_dict(config.UCIConfig.paper())
+    d = config.as_dict(UCIConfig.paper())
     assert d["lbfgs"] == {"steps": 32, "iters_per_step": 20, "step_size": 0.5, "memory": 10, "linesearch": "zoom"}
     assert d["network"]["width"] == 50 and d["sghmc"]["lr_scaling"] == "sqrt_lr" and d["gp"]["svgp_datasets"] == [
         "protein"]
@@ -155,34 +155,34 @@ def test_the_flat_names_of_earlier_versions_read_back():
         "n_inducing": 400, "mcd_epochs_x": 100, "mcd_samples": 10000, "sghmc_lr": 0.001, "sghmc_thin": 2000,
         "sghmc_lr_scaling": "sqrt_lr", "noise_grid": [1e-4, 1.0],
     }
-    cfg = config.from_dict(config.UCIConfig, flat)
-    assert cfg == dataclasses.replace(config.UCIConfig.faithful(), noise_grid=(1e-4, 1.0))
+    cfg = config.from_dict(UCIConfig, flat)
+    assert cfg == dataclasses.replace(UCIConfig.faithful(), noise_grid=(1e-4, 1.0))
     assert config.from_dict(DeepReluConfig, {"mh_burn_in": 7, "nuts_chains": 3}) == dataclasses.replace(
         DeepReluConfig(), mh=dataclasses.replace(DeepReluConfig().mh, burn_in=7),
         nuts=dataclasses.replace(DeepReluConfig().nuts, chains=3))
     root = Path(__file__).resolve().parents[2] / "results" / "paper"
     for name in ("uci", "uci-mcd-sghmc", "uci-fixed-step"):
         stored = json.loads((root / name / "config.json").read_text())
-        got = config.from_dict(config.UCIConfig, stored)
+        got = config.from_dict(UCIConfig, stored)
         assert got.network == config.NetworkConfig(**{k: stored.get(k, v) for k, v in
                                                       config.as_dict(config.NetworkConfig()).items()})
 
 
 def test_names_resolve_get_and_replace():
-    cfg = config.UCIConfig.paper()
-    assert config.resolve(config.UCIConfig, "lbfgs.linesearch") == ("lbfgs", "linesearch")
-    assert config.resolve(config.UCIConfig, "lbfgs_linesearch") == ("lbfgs", "linesearch")
-    assert config.resolve(config.UCIConfig, "width") == ("network", "width")
-    assert config.resolve(config.UCIConfig, "n_particles") == ("n_particles",)
+    cfg = UCIConfig.paper()
+    assert config.resolve(UCIConfig, "lbfgs.linesearch") == ("lbfgs", "linesearch")
+    assert config.resolve(UCIConfig, "lbfgs_linesearch") == ("lbfgs", "linesearch")
+    assert config.resolve(UCIConfig, "width") == ("network", "width")
+    assert config.resolve(UCIConfig, "n_particles") == ("n_particles",)
     assert config.get(cfg, "sghmc.restarts") == 10
     new = config.replace(cfg, "sghmc.restarts", 3)
     assert new.sghmc.restarts == 3 and cfg.sghmc.restarts == 10 and new.lbfgs == cfg.lbfgs
     for bad in ("nosuch", "lbfgs.nosuch", "sghmc_nosuch", "nosuch.steps"):
         with pytest.raises(ValueError, match="UCIConfig has no field|LBFGSConfig has no field|SGHMCConfig has no"):
-            config.resolve(config.UCIConfig, bad)
+            config.resolve(UCIConfig, bad)
     with pytest.raises(ValueError, match="UCIConfig has no field 'nosuch'"):
-        config.from_dict(config.UCIConfig, {"nosuch": 1})
+        config.from_dict(UCIConfig, {"nosuch": 1})
     with pytest.raises(ValueError, match="must be a NetworkConfig"):
-        config.UCIConfig(network={"width": 3})
+        UCIConfig(network={"width": 3})
     with pytest.raises(TypeError, match="takes a configuration"):
         config.as_dict({"a": 1})

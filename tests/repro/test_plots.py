@@ -1,60 +1,53 @@
-"""bootens_core.repro.plots: the UCI figures build from a result, come back closed, and render to PNG.
+"""bootens_core.repro.plots: the style wrapper and the drawing helpers the chapters share.
 
 (Each experiment's figures are exercised beside it, in ``experiments/<name>/``, on that experiment's result.)
 """
 
 from __future__ import annotations
 
-import io
-
 import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
+import numpy as np
+import pytest
 
 from bootens_core.repro import plots
 
 
-def render(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+def test_styled_draws_in_the_book_style_and_returns_the_figure_closed():
+    seen = {}
 
+    @plots.styled
+    def draw():
+        seen["font.size"] = plt.rcParams["font.size"]
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, 1])
+        return fig
 
-def _uci_result(values):
-    from bootens_core.repro.store import Result
-
-    lines = ["dataset,split,method,hidden_layers,test_rmse,test_mnll,coverage95"]
-    for (ds, meth, layers), splits in values.items():
-        lines += [f"{ds},{k},{meth},{layers},{r},{m},{c}" for k, (r, m, c) in enumerate(splits)]
-    return Result("uci", {}, {}, {}, files={"cells.csv": "\n".join(lines) + "\n"})
-
-
-def test_uci_splits_one_row_per_dataset_and_clips_outliers():
-    res = _uci_result({
-        ("boston", "ensemble", 1): [(3.0, 2.5, 0.94), (3.2, 2.6, 0.95), (1e20, 2.7, 1.0)],
-        ("boston", "gp", 0): [(2.9, 2.4, 0.95), (3.1, 2.5, 0.93), (3.0, "nan", 0.96)],
-        ("yacht", "ensemble", 1): [(0.5, 1.0, 0.9), (0.6, 1.1, 0.92), (0.7, 1.2, 0.97)],
-    })
     before = set(plt.get_fignums())
-    fig = plots.uci_splits(res)
-    assert set(plt.get_fignums()) == before
-    assert len(fig.axes) == 2 * 3
-    ax = fig.axes[0]
-    assert ax.get_title() == "boston: test RMSE"
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["ensemble-1", "gp"]
-    # the diverged split is drawn at the top edge with its value, and the y-range stays readable
-    assert ax.get_ylim()[1] < 100
-    assert any(t.get_text() == "1e+20" for t in ax.texts)
-    assert any(t.get_text() == "nan" for t in fig.axes[1].texts)
-    assert render(fig).startswith(b"\x89PNG")
+    fig = draw()
+    assert seen["font.size"] == plots.STYLE["font.size"]
+    assert set(plt.get_fignums()) == before  # closed: a notebook shows it once, from the return value
+    assert len(fig.axes) == 1
 
 
-def test_uci_lbfgs_figure():
-    import numpy as np
+def test_data_ylim_pads_the_data_range_by_one_and_a_half_times_itself():
+    assert plots.data_ylim({"y": np.array([1.0, 3.0, 2.0])}) == pytest.approx((-2.0, 6.0))
 
-    loss = 100 * np.exp(-np.arange(50) / 10) + 5
-    check = {"fixed": loss, "train": loss, "zoom": loss - 1, "scipy": loss - 2, "direction_rel_err": np.full(50, 1e-16),
-             "dataset": "boston", "split": 0, "hidden_layers": 1, "n_params": 751}
-    fig = plots.uci_lbfgs(check)
-    assert len(fig.axes) == 2
-    assert fig.axes[0].get_yscale() == "log" and fig.axes[1].get_yscale() == "log"
-    assert render(fig).startswith(b"\x89PNG")
+
+def test_function_panels_one_panel_per_entry_with_shared_axes():
+    xg = np.linspace(-1, 1, 7)
+    result = {"x": np.array([0.0, 0.5]), "y": np.array([1.0, 2.0]), "x_grid": xg}
+    panels = [("step 0", np.zeros((3, 7)), "C0"), ("reference", np.ones((4, 7)), "C1")]
+    fig = plots.styled(lambda: plots.function_panels(result, panels, panel_width=2.0, height=2.0, alpha=0.1, ms=2.0))()
+    assert [ax.get_title() for ax in fig.axes] == ["step 0", "reference"]
+    assert len(fig.axes[0].lines) == 3 + 1 and len(fig.axes[1].lines) == 4 + 1  # functions, then the data
+    assert fig.axes[0].get_ylim() == pytest.approx((-0.5, 3.5))
+
+
+def test_band_draws_the_mean_and_the_central_95_percent():
+    f = np.vstack([np.full(5, v) for v in np.linspace(0, 1, 201)])
+    fig, ax = plt.subplots()
+    plots.band(ax, np.arange(5), f, "C0", "mean")
+    assert ax.lines[0].get_ydata() == pytest.approx(np.full(5, 0.5))
+    lo_hi = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert lo_hi.min() == pytest.approx(0.025) and lo_hi.max() == pytest.approx(0.975)
+    plt.close(fig)

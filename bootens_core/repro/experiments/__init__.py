@@ -5,9 +5,7 @@ Every experiment defines ``NAME``, ``DESCRIPTION``, ``ARTEFACTS`` (what of the p
 progress)``. An experiment is a folder that holds all of it in one place: ``config.py`` (its configuration),
 ``experiment.py`` (its run), ``figures.py`` (its figures) and ``verdicts.py`` (the rules that turn its summary
 into verdicts, and its tables); the package re-exports the run's names and ``figures`` and ``verdicts``
-(``linear.figures.kl(result)``, ``linear.verdicts.evaluate(result.summary)``). The UCI tables are still one
-module (:mod:`.uci`) whose figures and tables are in :mod:`~bootens_core.repro.plots` and
-:mod:`~bootens_core.repro.report`.
+(``linear.figures.kl(result)``, ``uci.verdicts.table(summary, "rmse")``).
 """
 
 from __future__ import annotations

@@ -60,15 +60,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import cellpack, harness, store
-from ...baselines import dropout
-from ... import ensemble, samplers, models
-from ...driver import CompileCounter
-from ..config import (UCI_METHODS, GPConfig, LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig, UCIConfig,
-                      as_dict, from_dict, plain, require_x64)
-from ...data import uci
-from ..harness import Cell, Method
-from ...metrics import Prediction
+from ... import cellpack, harness, store
+from ....baselines import dropout
+from .... import ensemble, samplers, models
+from ....driver import CompileCounter
+from ...config import (GPConfig, LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig, as_dict, from_dict, plain, require_x64)
+from .config import UCI_METHODS, UCIConfig
+from ....data import uci
+from ...harness import Cell, Method
+from ....metrics import Prediction
 
 __all__ = [
     "NAME",
@@ -309,7 +309,7 @@ def _gp_method(gp: GPConfig, /, ctx: _Context) -> Method:
     kind = "svgp" if ctx.dataset in gp.svgp_datasets else "gpr"
 
     def fit_gp(key, x, y, x_eval, noise_var):
-        from ...baselines import gp as baseline
+        from ....baselines import gp as baseline
 
         # More than 2000 training rows (Kin8nm, Naval, Power: exact GPR; Protein: SGPR) take the objective and
         # its closed-form gradient computed in numpy with LAPACK: the same objective and optimum, 2-20x fewer
@@ -698,7 +698,6 @@ def paper_reference() -> dict[tuple[str, str, int, str], tuple[float, float]]:
 # Statistics: our means against the paper's, methods against each other on the same splits
 
 
-
 def _z_of_p(p: float) -> float:
     """The normal quantile ``z`` with two-sided p-value ``p`` (``p = 2 (1 - Phi(z))``): a rerun moves it by
     about one unit, whatever p is."""
@@ -1077,7 +1076,7 @@ def lbfgs_check(
     one = jax.tree.map(lambda a: a[0], pert)
     theta0, unravel = models.ravel(jax.tree.map(lambda a: a[0], state.params))
 
-    from ...perturb import perturbed_log_joint
+    from ....perturb import perturbed_log_joint
 
     def loss_flat(w):
         return -perturbed_log_joint(model, unravel(w), x, one, noise_var)
@@ -1137,7 +1136,7 @@ def lbfgs_check(
                    callback=lambda w: sp.append(fun(w)[0]))
 
     # torch.optim.LBFGS(lr, max_iter=m, history_size=lbfgs_memory), stepped steps // m times.
-    from ...ensemble.lbfgs import torch_lbfgs
+    from ....ensemble.lbfgs import torch_lbfgs
 
     m_iter = max(1, min(cfg.lbfgs.iters_per_step, steps))
     ttx = torch_lbfgs(cfg.lbfgs.step_size, max_iter=m_iter, history_size=cfg.lbfgs.memory)
@@ -1200,7 +1199,7 @@ def sghmc_step_study(
     import dataclasses
     import time
 
-    from ...baselines import gp
+    from ....baselines import gp
 
     data = uci.load(dataset, split)
     if noise_var is None:

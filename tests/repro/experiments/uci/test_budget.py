@@ -18,12 +18,13 @@ import jax
 import numpy as np
 import pytest
 
+from bootens_core.data import uci as uci_data
 from bootens_core.repro import cellpack, cli, config, harness
-from bootens_core.repro.config import UCIConfig
+from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments import uci
 from bootens_core.repro.harness import CELL_FIELDS, Cell
 
-_BESIDE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
+_BESIDE = Path(__file__).resolve().parents[4].parent / "shared" / "data" / "uci"
 MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(_BESIDE)
 needs_mirror = pytest.mark.skipif(not Path(MIRROR).is_dir(), reason=f"no UCI mirror at {MIRROR}")
 DEVICE = jax.devices()[0].device_kind
@@ -78,7 +79,7 @@ def test_train_shapes_and_cost_units(monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
     cfg = UCIConfig.paper()
     for name in ("yacht", "boston"):
-        s = uci.uci.load(name, 0)
+        s = uci_data.load(name, 0)
         assert uci.TRAIN_SHAPES[name] == s.x_train.shape
         epochs = dropout.protocol_grid(name).n_epochs
         assert uci.cost_units("mcd-1", name, cfg) == epochs * uci.cost_units("ensemble-1", name, cfg)
@@ -178,7 +179,7 @@ def _budget_setup(tmp_path):
     cfg = _cfg(datasets=("boston", "yacht"), methods=("ensemble-1", "ensemble-4"), max_splits=3, workers=1)
     key = jax.random.key(cfg.seed)
     secs = {(m, d): uci.cost_units(m, d, cfg) / 1e5 for m in cfg.methods for d in cfg.datasets}
-    st = uci._CellStore(tmp_path / "cells", cfg)
+    st = uci.experiment._CellStore(tmp_path / "cells", cfg)
     for (m, d), s in secs.items():
         st.put(Cell(d, 2, m), _fake_record(Cell(d, 2, m), s))
     clock, calls = FakeClock(), []
@@ -266,7 +267,7 @@ def test_cli_budget_too_small_lists_everything_remaining(tmp_path, monkeypatch, 
     def never(*args, **kwargs):
         raise AssertionError("a cell was started")
 
-    monkeypatch.setattr(uci, "compute_cell", never)
+    monkeypatch.setattr(uci.experiment, "compute_cell", never)
     pack = tmp_path / "back" / "cells-0.tar.gz"
     argv = ["run", "uci", "--profile", "quick", "--quiet", "--datasets", "yacht", "--methods", "ensemble-1",
             "mcd-1", "--set", "max_splits=2", "--time-budget", "5", "--pack", str(pack),
@@ -413,7 +414,7 @@ def blocked_run(tmp_path_factory):
         [sys.executable, str(tmp / "blocked.py"), str(tmp / "res.json"), "run", "uci", *TINY, "--workers", "1",
          "--quiet", "--time-budget", "400", "--default-cell-s", "60", "--pack", str(pack),
          "--out", str(tmp / "out")],
-        capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=300,
+        capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[4], timeout=300,
     )
     assert (tmp / "res.json").is_file(), proc.stderr[-3000:]
     return {"tmp": tmp, "pack": pack, "stderr": proc.stderr, "res": json.loads((tmp / "res.json").read_text()),
@@ -451,7 +452,7 @@ def test_pack_holds_the_cells_and_a_manifest(blocked_run):
         names = tar.getnames()
     assert names[0] == "pack.json" and len(names) == 4
     manifest, members = cellpack.read_pack(blocked_run["pack"])
-    st = uci._CellStore(next(blocked_run["cache"].glob("uci-cells/*")), _cfg())
+    st = uci.experiment._CellStore(next(blocked_run["cache"].glob("uci-cells/*")), _cfg())
     for rel, rec in members.items():
         family = rel.split("/")[1].rsplit("-", 1)[0].partition("-")[0]
         assert rel.split("/")[1].endswith(manifest["family_hashes"][family])
@@ -580,7 +581,7 @@ def test_committed_records_read_back_from_their_cells_csv(folder, tmp_path):
     # digits: each value read back is within half a unit of its 6th digit, 5e-6 |x| (relative), of the one the
     # summary was made from, so a mean moves by at most 5e-6 max|x| and a standard deviation (ddof 1) by at most
     # sqrt(n / (n - 1)) times that (it is Lipschitz in the values with that constant, in the sup norm).
-    rec = Path(__file__).resolve().parents[2] / "results" / "paper" / folder
+    rec = Path(__file__).resolve().parents[4] / "results" / "paper" / folder
     cfg = config.from_dict(UCIConfig, json.loads((rec / "config.json").read_text()))
     cells = uci.record_cells(rec)
     res = uci.from_cells(tmp_path, cfg, {}, cells)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bootens_core.repro import report
 from bootens_core.repro.experiments import uci
 
 
@@ -145,7 +144,7 @@ def test_paired_comparisons_use_common_finite_splits():
 
 def test_report_paired_table_carries_the_tests():
     recs = _cells({("yacht", "ensemble-1"): [1.0, 1.2, 0.9, 1.1], ("yacht", "mcd-1"): [1.5, 1.6, 1.4, 1.7]})
-    t = report.uci_paired(recs)
+    t = uci.verdicts.paired(recs)
     row = t.loc[("yacht", "RMSE", "Ensemble 1-layer", "MCD 1-layer")]
     ref = stats.ttest_rel([1.0, 1.2, 0.9, 1.1], [1.5, 1.6, 1.4, 1.7])
     assert row["ensemble is"] == "better" and row["p"] == f"{ref.pvalue:.3g}" and row["splits"] == 4
@@ -214,7 +213,7 @@ def test_claim_partly_and_not_tested_and_the_report():
     assert c["verdict"] == "partly supported"
     assert c["ensembles"]["ensemble-1"]["holds"] and not c["ensembles"]["ensemble-4"]["holds"]
     assert uci.comparative_claim(_cells({("yacht", "gp"): [1.0, 2.0]}))["verdict"] == "not tested"
-    v, table = report.uci_claim(recs + four)
+    v, table = uci.verdicts.claim(recs + four)
     assert str(v).startswith("partly supported") and v.margin == pytest.approx(c["margin"])
     assert "Ensemble 4-layer: competitive on 0 of 2" in v.evidence
     assert set(table["competitive"]) == {"yes", "no (significantly worse)"}

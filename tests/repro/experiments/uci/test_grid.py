@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from bootens_core.repro import harness
-from bootens_core.repro.config import LBFGSConfig, NetworkConfig, UCIConfig
+from bootens_core.repro.config import LBFGSConfig, NetworkConfig
+from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.data import uci as uci_data
 from bootens_core.repro.experiments import uci
 
@@ -62,7 +63,7 @@ def test_grid_batches_have_one_length():
         uci.grid_batches([], 2)
 
 
-_MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[4] / "shared" / "data" / "uci")
+_MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[5] / "shared" / "data" / "uci")
 
 
 @pytest.mark.skipif(not Path(_MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {_MIRROR}")

@@ -21,14 +21,16 @@ import numpy as np
 import pytest
 
 from bootens_core.repro import cli, config, store
-from bootens_core.repro.config import (UCI_DATASETS, UCI_METHODS, LBFGSConfig, MCDropoutConfig, NetworkConfig,
-                                       SGHMCConfig, UCIConfig)
+from bootens_core.repro.config import LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig
+from bootens_core.repro.experiments.uci.config import UCI_DATASETS, UCI_METHODS
+from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments import uci as experiment
+from bootens_core.repro.experiments.uci import experiment as uci_experiment
 from bootens_core.repro.harness import CELL_FIELDS
 
-_SHARED = Path(__file__).resolve().parents[3].parent / "shared"
+_SHARED = Path(__file__).resolve().parents[4].parent / "shared"
 PAPER_CSV = _SHARED / "paper" / "paper_uci_tables.csv"
-PACKAGED_CSV = Path(experiment.__file__).resolve().parents[2] / "data" / "paper_uci_tables.csv"
+PACKAGED_CSV = Path(uci_experiment.__file__).resolve().parents[3] / "data" / "paper_uci_tables.csv"
 MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(_SHARED / "data" / "uci")
 needs_mirror = pytest.mark.skipif(
     not Path(MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {MIRROR}"
@@ -319,7 +321,7 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
     cells = {m: Cell("boston", 3, m) for m in UCI_METHODS}
 
     def paths(cfg):
-        st = experiment._CellStore(tmp_path, cfg)
+        st = uci_experiment._CellStore(tmp_path, cfg)
         return {m: st.path(c) for m, c in cells.items()}
 
     p0 = paths(base)
@@ -353,7 +355,7 @@ def test_each_family_is_keyed_by_the_settings_its_builder_receives():
     """The settings that decide a family's cells are its builder's positional-only parameters, each a field of
     UCIConfig; settings() lists them beside the protocol's."""
     fields = {f.name for f in dataclasses.fields(UCIConfig)}
-    names = {f: experiment._setting_names(f) for f in experiment._FAMILIES}
+    names = {f: uci_experiment._setting_names(f) for f in uci_experiment._FAMILIES}
     assert names == {"ensemble": ("network", "lbfgs", "n_particles"), "gp": ("gp",), "mcd": ("network", "mcd"),
                      "sghmc": ("network", "sghmc")}
     assert all(set(v) <= fields for v in names.values())

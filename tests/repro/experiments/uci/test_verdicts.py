@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bootens_core.repro import report
-from bootens_core.repro.config import UCIConfig
+from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments import uci
 
 
@@ -38,7 +37,7 @@ def summary():
 
 def test_uci_table_layout_and_entries(summary):
     s, p_rmse, p_std = summary
-    t = report.uci_table(s, "rmse", report.UCI_TABLE1)
+    t = uci.verdicts.table(s, "rmse", uci.verdicts.TABLE1)
     # one row per dataset and method column, three entries wide
     assert list(t.columns) == ["ours", "paper", "verdict"]
     assert list(t.index.get_level_values(0).unique()) == ["boston (n=506)", "yacht (n=308)"]
@@ -52,20 +51,20 @@ def test_uci_table_layout_and_entries(summary):
     assert t.loc[("boston (n=506)", "Ensemble 4-layer"), "ours"] == "not run"
     assert t.loc[("yacht (n=308)", "MCD 4-layer"), "ours"] == "not run"
     assert t.loc[("yacht (n=308)", "SGHMC 1-layer"), "ours"] == "not run"
-    full = report.uci_table(s, "mnll")
+    full = uci.verdicts.table(s, "mnll")
     assert len(full) == 2 * 6
     assert full.loc[("yacht (n=308)", "GP"), "ours"].startswith("diverged")
     assert full.loc[("yacht (n=308)", "GP"), "verdict"] == "failed"
     assert full.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"].startswith("worse (p ")
-    assert report.uci_table(s, "rmse").loc[("yacht (n=308)", "GP"), "verdict"] == "too few splits"
-    assert report.uci_table(s, "rmse").loc[("yacht (n=308)", "GP"), "ours"] == "0.00100 (1)"
+    assert uci.verdicts.table(s, "rmse").loc[("yacht (n=308)", "GP"), "verdict"] == "too few splits"
+    assert uci.verdicts.table(s, "rmse").loc[("yacht (n=308)", "GP"), "ours"] == "0.00100 (1)"
 
 
 def test_uci_table_prints_significant_digits():
     # Naval's RMSE is about 0.001: two decimals would print 0.00
     recs = _records({("naval", "ensemble", 1): [(0.00123, -5.6, 0.95), (0.00131, -5.5, 0.95), (0.00119, -5.7, 0.9)]})
     s = uci.summarise(recs, UCIConfig(datasets=("naval",), methods=("ensemble-1",)))
-    t = report.uci_table(s, "rmse")
+    t = uci.verdicts.table(s, "rmse")
     row = ("naval (n=11934)", "Ensemble 1-layer")
     # mean 0.0012433, SD (ddof 1) 6.11e-5, SE 3.53e-5 (by hand)
     assert t.loc[row, "ours"] == "0.00124 ± 0.000035 (SD 0.000061, 3)"
@@ -76,7 +75,7 @@ def test_uci_table_prints_significant_digits():
 
 def test_uci_verdict_counts(summary):
     s, *_ = summary
-    v = report.uci_verdicts(s)
+    v = uci.verdicts.evaluate(s)
     # boston ens-1: rmse agrees, mnll worse; yacht gp: rmse too few splits, mnll failed; coverage not counted
     assert str(v["agree"]) == "1 of 4"
     assert str(v["counts"]) == ("1 of 4 RMSE/MNLL cells agree with the paper's mean (two-sided test at 5%), "
@@ -96,33 +95,33 @@ def test_uci_verdicts_name_the_holm_cells():
     # Holm over 3 p-values at 5%: 0.001 <= 0.05/3 and 0.02 <= 0.05/2 are rejected, then 0.2 > 0.05 stops.
     s = {"rows": [row("wine", "mnll", 0.9, 1.07, 0.02), row("kin8nm", "mnll", -1.2, -0.5, 0.001),
                   row("yacht", "rmse", 0.5, 0.49, 0.2)]}
-    assert str(report.uci_verdicts(s)["differ_holm"]) == ("GP Wine MNLL (below the paper's), "
+    assert str(uci.verdicts.evaluate(s)["differ_holm"]) == ("GP Wine MNLL (below the paper's), "
                                                           "GP Kin8nm MNLL (below the paper's)")
     s["rows"][0]["p"] = 0.03  # 0.03 > 0.05/2: only Kin8nm
-    assert str(report.uci_verdicts(s)["differ_holm"]) == "GP Kin8nm MNLL (below the paper's)"
+    assert str(uci.verdicts.evaluate(s)["differ_holm"]) == "GP Kin8nm MNLL (below the paper's)"
     s["rows"][1]["p"] = 0.5
-    assert str(report.uci_verdicts(s)["differ_holm"]) == "none"
+    assert str(uci.verdicts.evaluate(s)["differ_holm"]) == "none"
 
 
 def test_uci_coverage_pivot(summary):
     s, *_ = summary
-    c = report.uci_coverage(s)
+    c = uci.verdicts.coverage(s)
     assert c.loc["boston", "Ensemble 1-layer"] == "0.93 ± 0.03"
     assert c.loc["yacht", "GP"] == "0.95 ± 0.00"
 
 
 def test_uci_runs_side_by_side(summary):
     s, *_ = summary
-    t = report.uci_runs({"a": s, "b": {"rows": []}}, "rmse")
+    t = uci.verdicts.runs({"a": s, "b": {"rows": []}}, "rmse")
     assert list(t.columns) == ["a", "b"]
     assert (t["b"] == "not run").all()
     assert t.loc["boston, Ensemble 1-layer", "a"].endswith("(2 splits, 1 diverged)")
 
 
 def test_uci_size():
-    assert report.uci_size("protein") == 45730
+    assert uci.verdicts.size("protein") == 45730
     with pytest.raises(KeyError, match="unknown UCI dataset 'nonesuch'"):
-        report.uci_size("nonesuch")
+        uci.verdicts.size("nonesuch")
 
 
 def test_uci_lbfgs_summary_rules():
@@ -132,7 +131,7 @@ def test_uci_lbfgs_summary_rules():
     check = {"fixed": fixed, "train": train, "zoom": fixed - 1, "scipy": fixed - 2,
              "direction_rel_err": np.array([0.0, 1e-16, 3e-15]), "final": {"fixed": 6.0, "zoom": 5.0, "scipy": 4.0},
              "scipy_nfev": 9}
-    out = report.uci_lbfgs_summary(check)
+    out = uci.verdicts.lbfgs_summary(check)
     assert out["train_agree_iters"] == 4
     assert out["fixed_rise_fraction"] == pytest.approx(2 / 5)
     assert out["direction_rel_err_max"] == 3e-15
@@ -150,7 +149,7 @@ def test_uci_noise_selection_counts_grid_edges():
         "boston,0,gp,0,0.0000123", "boston,1,gp,0,0.5",
     ])
     res = Result("uci", {"noise_grid": list(grid)}, {}, {}, files={"cells.csv": csv_text})
-    t = report.uci_noise_selection(res)
+    t = uci.verdicts.noise_selection(res)
     lo, hi = f"at grid min {min(grid):g}", f"at grid max {max(grid):g}"
     y = t.loc[("yacht", "Ensemble 1-layer")]
     assert (y["splits"], y[lo], y[hi], y["median σ² (std units)"]) == (3, 2, 0, "0.0001")
@@ -168,7 +167,7 @@ def test_uci_noise_selection_uses_the_selection_column():
         "yacht,0,ensemble,1,0.0001,validation MNLL over 9 values",
         "yacht,0,mcd,4,0.0001,validation log-likelihood over 4 dropout rates x 3 tau (last 20%)",
     ])
-    t = report.uci_noise_selection(Result("uci", {"noise_grid": [1e-4, 1.0]}, {}, {}, files={"cells.csv": csv_text}))
+    t = uci.verdicts.noise_selection(Result("uci", {"noise_grid": [1e-4, 1.0]}, {}, {}, files={"cells.csv": csv_text}))
     assert t.loc[("yacht", "Ensemble 1-layer"), "at grid min 0.0001"] == 1
     # MC dropout's variance is 1/tau of its own grid: the noise grid's edges do not apply
     assert t.loc[("yacht", "MCD 4-layer"), "at grid min 0.0001"] == "—"
@@ -177,7 +176,7 @@ def test_uci_noise_selection_uses_the_selection_column():
 def test_uci_sghmc_study_table():
     rows = [{"step_size": s, "test_rmse": r, "test_mnll": 2.0, "coverage95": 0.95, "diverged_restarts": d,
              "rhat_mean": 1.5, "rhat_max": 2.25, "wall_s": 3.0} for s, r, d in ((1e-3, 5.27, 0), (0.0316, 2.31, 1))]
-    t = report.uci_sghmc_study({"rows": rows})
+    t = uci.verdicts.sghmc_study({"rows": rows})
     assert list(t.index) == ["0.001", "0.0316"]
     assert t.loc["0.0316", "test RMSE"] == "2.31" and t.loc["0.0316", "diverged restarts"] == 1
     assert t.loc["0.001", "predictive R-hat mean (max)"] == "1.50 (2.25)"
@@ -200,7 +199,7 @@ def test_paper_scale_counts_complete_datasets_at_the_papers_settings():
     small = type(paper)(**{**paper.__dict__, "n_particles": 50})  # the ensemble's scale differs, GP's does not
     recs = {"a": _stored(full, paper), "b": _stored(_records({("energy", "ensemble", 1): [(1, 1, 1)] * 10,
                                                                ("energy", "gp", 0): [(1, 1, 1)] * 10}), small)}
-    table, count = report.uci_paper_scale(recs)
+    table, count = uci.verdicts.paper_scale(recs)
     assert str(count) == "8 of 108 table cells"  # yacht ens-1, yacht/protein/energy GP; x RMSE and MNLL
     row = table.loc["Ensemble 1-layer"]
     assert row["datasets complete (of 9)"] == 1 and row["splits at paper scale (of 85)"] == 12
@@ -218,7 +217,7 @@ def test_paper_scale_of_the_committed_records():
     from bootens_core.repro import store
     from bootens_core.data.uci import PAPER_SPLITS
 
-    root = Path(__file__).resolve().parents[2] / "results" / "paper"
+    root = Path(__file__).resolve().parents[4] / "results" / "paper"
     done = 0
     for name in ("uci", "uci-mcd-sghmc"):
         splits: dict[tuple[str, str, str], int] = {}
@@ -226,7 +225,7 @@ def test_paper_scale_of_the_committed_records():
             k = (r["method"], r["hidden_layers"], r["dataset"])
             splits[k] = splits.get(k, 0) + 1
         done += 2 * sum(n == PAPER_SPLITS[k[2]] for k, n in splits.items())
-    _, count = report.uci_paper_scale({n: store.load(root / n) for n in ("uci", "uci-mcd-sghmc")})
+    _, count = uci.verdicts.paper_scale({n: store.load(root / n) for n in ("uci", "uci-mcd-sghmc")})
     assert str(count) == f"{done} of 108 table cells"
 
 
@@ -239,7 +238,7 @@ def test_lbfgs_variants_table_from_synthetic_cells():
 
     cells = [cell("A", "yacht", 1, 3), cell("A", "yacht", 0, 5), cell("B", "yacht", 0, 0),
              cell("A", "boston", 0, 0, layers=4), cell("B", "energy", 0, 1, nv=1e-3)]
-    t = report.uci_lbfgs_variants(cells)
+    t = uci.verdicts.lbfgs_variants(cells)
     assert list(t.columns) == ["A", "B"]
     assert t.loc[("0.0001", "yacht", 1), "A"] == "5, 3 of 200"  # split order, not input order
     assert t.loc[("0.0001", "yacht", 1), "B"] == "0 of 200"
@@ -255,7 +254,7 @@ def test_lbfgs_variant_cells_read_the_committed_records():
 
     from bootens_core.repro.experiments import uci
 
-    root = Path(__file__).resolve().parents[2] / "results" / "paper" / "uci-lbfgs"
+    root = Path(__file__).resolve().parents[4] / "results" / "paper" / "uci-lbfgs"
     cells = uci.lbfgs_variant_cells(root)
     folders = [p for p in sorted(root.iterdir()) if (p / "cells.csv").is_file()]
     assert len(cells) == sum(len(list(csv.DictReader((p / "cells.csv").open()))) for p in folders)
@@ -291,7 +290,7 @@ def test_paper_scale_summary_joins_records(tmp_path):
     assert by[("yacht", "ensemble", 1, "rmse")]["mean"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3
     assert by[("yacht", "ensemble", 1, "rmse")]["n_splits"] == 3
     assert by[("yacht", "mcd", 4, "mnll")]["n_splits"] == 2
-    t = report.uci_table(s, "rmse")
+    t = uci.verdicts.table(s, "rmse")
     assert len(t) == 2 * 6 and t.loc[("yacht (n=308)", "GP"), "ours"] == "not run"
     # the same cell in two records is an error naming it
     _cells_csv(tmp_path / "c", [("yacht", 1, "ensemble", 1, 9.0, 9.0)])
@@ -308,17 +307,17 @@ def test_gaussian_mnll_is_the_mnll_of_a_gaussian_at_the_rmse():
     rmse = float(np.sqrt(np.mean(errors**2)))
     # A Gaussian centred on the predictions with variance rmse**2, scored on the same errors: closed form.
     direct = -np.mean(stats.norm.logpdf(errors, scale=rmse))
-    assert report.gaussian_mnll(rmse) == pytest.approx(direct, rel=1e-12)
+    assert uci.verdicts.gaussian_mnll(rmse) == pytest.approx(direct, rel=1e-12)
     # ... and rmse**2 is the constant variance that minimises it.
     for scale in (0.9 * rmse, 1.1 * rmse):
         assert -np.mean(stats.norm.logpdf(errors, scale=scale)) > direct
-    np.testing.assert_allclose(report.gaussian_mnll([1.0, np.e]), [0.5 * np.log(2 * np.pi * np.e)] * 2 + np.array([0, 1]))
+    np.testing.assert_allclose(uci.verdicts.gaussian_mnll([1.0, np.e]), [0.5 * np.log(2 * np.pi * np.e)] * 2 + np.array([0, 1]))
     with pytest.raises(ValueError, match="positive RMSEs"):
-        report.gaussian_mnll([1.0, 0.0])
+        uci.verdicts.gaussian_mnll([1.0, 0.0])
 
 
 def test_uci_mnll_excess_paper_and_ours():
-    g = report.gaussian_mnll
+    g = uci.verdicts.gaussian_mnll
     # Ours on Power's GP: splits whose MNLL is exactly their own Gaussian level, and Yacht's 1-layer ensemble 1
     # nat above it on every split.
     rm = np.array([3.8, 4.0, 4.1, 3.9])
@@ -326,7 +325,7 @@ def test_uci_mnll_excess_paper_and_ours():
                      ("yacht", "ensemble", 1): [(r, g(r) + 1.0, 0.95) for r in (0.6, 0.8, 0.7)],
                      ("wine", "gp", 0): [(0.6, 0.9, 0.95)],
                      ("concrete", "gp", 0): [(5.0, float("nan"), 0.95), (5.1, 3.0, 0.95)]})
-    table, text = report.uci_mnll_excess(recs)
+    table, text = uci.verdicts.mnll_excess(recs)
     assert len(table) == 54
     # The paper's GP on Power: 6.92 against the level of RMSE 3.90, its SE from the published SD 2.94 over 10 splits
     # (the RMSE's SD 0.11 adds little).

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from bootens_core.repro import report
-from bootens_core.repro.config import UCI_DATASETS
+from bootens_core.repro.experiments.uci.config import UCI_DATASETS
 from bootens_core.repro.experiments import uci
 
 # Typed separately from the sources (not from the CSV). Means as printed; LL is the test log-likelihood.
@@ -75,23 +74,23 @@ def test_each_published_column_covers_every_dataset_and_both_metrics_once(rows):
 
 
 def test_published_tables_are_labelled_and_carry_the_convention(rows):
-    t = report.uci_published()
+    t = uci.verdicts.published()
     assert list(t.columns) == ["RMSE", "MNLL"]
     assert list(t.loc["boston"].index) == list(dict.fromkeys(r["label"] for r in rows))
     assert t.loc[("boston", "PBP (Gal & Ghahramani 2016)"), "RMSE"] == "3.01 ± 0.18 (SE)"
     assert t.loc[("yacht", "Deep ensembles (Lakshminarayanan et al. 2017)"), "MNLL"] == "1.18 ± 0.21 (± not stated)"
-    src = report.uci_published_sources()
+    src = uci.verdicts.published_sources()
     assert set(src["±"]) == {"SE", "not stated"} and set(src["splits"]) == {"20 (Protein 5)"}
     assert src.loc["MC dropout (Gal & Ghahramani 2016)", "conversion"] == "MNLL = -LL"
 
 
 def test_published_table_puts_ours_beside_with_mean_and_se():
-    from bootens_core.repro.config import UCIConfig
+    from bootens_core.repro.experiments.uci.config import UCIConfig
 
     recs = [{"dataset": "yacht", "method": "mcd", "hidden_layers": 1, "split": k, "test_rmse": v, "test_mnll": 1.2,
              "coverage95": 0.95, "wall_s": 1.0, "diverged_particles": 0} for k, v in enumerate([0.5, 0.7, 0.6])]
     s = uci.summarise(recs, UCIConfig(datasets=("yacht",), methods=("mcd-1",)))
-    t = report.uci_published(s)
+    t = uci.verdicts.published(s)
     # mean 0.6, SD 0.1, SE 0.1 / sqrt(3) = 0.0577 (by hand)
     assert t.loc[("yacht", "ours: MCD 1-layer"), "RMSE"] == "0.600 ± 0.058 (3)"
     assert t.loc[("boston", "ours: MCD 1-layer"), "RMSE"] == "not run"

@@ -1,0 +1,542 @@
+"""Tables 1-3's verdicts and tables: each cell against the paper's, the methods against each other, and the
+results others published on the same splits."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ... import config, report
+from . import experiment
+from .config import UCIConfig
+
+__all__ = [
+    "PENDING", "TABLE1", "TABLES23", "table", "size", "evaluate", "coverage", "runs", "lbfgs_variants",
+    "noise_selection", "sghmc_study", "SCALE_FIELDS", "paper_scale", "lbfgs_summary", "paired", "ranking",
+    "claim", "published", "gaussian_mnll", "mnll_excess", "published_sources",
+]
+
+
+# The paper's method columns (Tables 1-3) as (method, hidden layers) -> label.
+_LABELS = {
+    ("ensemble", 1): "Ensemble 1-layer", ("ensemble", 4): "Ensemble 4-layer", ("mcd", 1): "MCD 1-layer",
+    ("mcd", 4): "MCD 4-layer", ("sghmc", 1): "SGHMC 1-layer", ("gp", 0): "GP",
+}
+
+
+# Table 1 of the paper shows these four columns; Tables 2-3 show all six.
+TABLE1 = (("ensemble", 1), ("ensemble", 4), ("mcd", 4), ("sghmc", 1))
+TABLES23 = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sghmc", 1), ("gp", 0))
+# Methods whose issue has not landed yet: shown as "pending", never as a number.
+PENDING: tuple[str, ...] = ()
+
+
+def _ours(r: Mapping[str, Any]) -> str:
+    """Our entry of a summary row: mean ± SE (SD, splits), 3 significant digits for the mean, 2 for SE and SD."""
+    if not np.isfinite(r["mean"]):
+        return f"diverged ({r['n_splits']})"
+    if not np.isfinite(r.get("se", float("nan"))):
+        return f"{report.sig(r['mean'])} ({r['n_splits']})"
+    return f"{report.sig(r['mean'])} ± {report.sig(r['se'], 2)} (SD {report.sig(r['sd'], 2)}, {r['n_splits']})"
+
+
+def table(
+    summary: dict[str, Any], metric: str, columns: tuple[tuple[str, int], ...] = TABLES23
+) -> pd.DataFrame:
+    """One of the paper's UCI tables for ``metric`` (``rmse``, ``mnll`` or ``coverage95``), ours beside theirs.
+
+    One row per dataset (with its size n) and method column of the paper (``columns``, in that order), so that
+    the table stays three entries wide whatever the number of methods: ``ours`` (mean ± SE over the splits
+    run, with the SD over splits and their number: ``3.04 ± 0.21 (SD 0.67, 10)``; 3 significant digits),
+    ``paper`` (the published mean ± its SE, with the published SD and the paper's number of splits: a
+    reference, nothing computed but the SE) and ``verdict`` (of
+    :func:`bootens_core.repro.experiments.uci.compare_with_paper`, with its two-sided p-value). A method whose issue
+    has not landed shows "pending"; one not run in this profile shows "not run".
+    """
+    rows = {(r["dataset"], r["method"], int(r["hidden_layers"])): r for r in summary["rows"] if r["metric"] == metric}
+    from ....data.uci import PAPER_SPLITS
+
+    ref = experiment.paper_reference()
+    datasets = list(dict.fromkeys(summary["datasets"]))
+    index, ours, paper, verdict = [], [], [], []
+    for d in datasets:
+        for meth, layers in columns:
+            index.append((f"{d} (n={size(d)})", _LABELS[(meth, layers)]))
+            r = rows.get((d, meth, layers))
+            p = ref.get((d, meth, layers, metric))
+            if p:
+                n_p = PAPER_SPLITS[d]
+                paper.append(f"{p[0]:.2f} ± {report.sig(max(p[1], 0.005) / np.sqrt(n_p), 2)} (SD {p[1]:.2f}, {n_p})")
+            else:
+                paper.append("—")
+            if r is not None:
+                ours.append(_ours(r))
+                v = r["verdict"]
+                if np.isfinite(r.get("p", float("nan"))):
+                    v += f" (p {r['p']:.3g})"
+                verdict.append(v + (f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""))
+            else:
+                ours.append("pending" if meth in PENDING else "not run")
+                verdict.append("")
+    return pd.DataFrame(
+        {"ours": ours, "paper": paper, "verdict": verdict},
+        index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]),
+    )
+
+
+@functools.cache
+def size(dataset: str) -> int:
+    """The number of rows of a UCI dataset, as the paper's tables give it."""
+    text = resources.files("bootens_core.data").joinpath("paper_uci_tables.csv").read_text()
+    sizes = {r["dataset"]: int(r["size"]) for r in csv.DictReader(io.StringIO(text))}
+    if dataset not in sizes:
+        raise KeyError(f"unknown UCI dataset {dataset!r}: known are {', '.join(sorted(sizes))}")
+    return sizes[dataset]
+
+
+def evaluate(summary: dict[str, Any]) -> dict[str, report.Text]:
+    """Counts of the comparison with the paper's Tables 2-3 (RMSE and MNLL cells; coverage is ours only).
+
+    A cell *agrees* when the two-sided Welch-type t-test of our mean over splits against the paper's (SE from
+    the SD over splits on both sides; :func:`bootens_core.repro.experiments.uci.compare_with_paper`) gives
+    p >= 5%; else it is *better* (lower) or *worse*. With many cells some differ by chance at 5% each;
+    ``counts`` also gives how many differ at a family-wise 5% over the cells of the summary (Holm).
+    ``computed`` says only what no rounding can change (cells compared and failed); ``differ_holm`` names the
+    cells that differ at the family-wise level, with the side of the paper's mean they fall on ("none").
+    """
+    rows = [r for r in summary["rows"] if r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
+    names = ("agrees", "better", "worse", "failed", "too few splits")
+    count = {v: sum(r["verdict"] == v for r in rows) for v in names}
+    n = len(rows)
+    div = summary.get("diverged_particles_total", 0)
+    holm = summary.get("cells_differ_holm", 0)
+    level = summary.get("level", 0.05)
+    few = f", {count['too few splits']} with too few splits" if count["too few splits"] else ""
+
+    differ = [r for r, d in zip(rows, experiment.holm([r["p"] for r in rows], level)) if d]
+    named = ", ".join(
+        f"{_LABELS[(r['method'], int(r['hidden_layers']))]} {r['dataset'].capitalize()} {r['metric'].upper()} "
+        f"({'below' if r['mean'] < r['paper_mean'] else 'above'} the paper's)" for r in differ)
+    return {
+        "differ_holm": report.Text(named or "none"),
+        "computed": report.Text(f"{n} RMSE/MNLL cells compared with the paper, {count['failed']} failed"),
+        "agree": report.Text(f"{count['agrees']} of {n}"),
+        "counts": report.Text(
+            f"{count['agrees']} of {n} RMSE/MNLL cells agree with the paper's mean (two-sided test at "
+            f"{level:.0%}), {count['better']} better, {count['worse']} worse, {count['failed']} failed{few}; "
+            f"{holm} differ at a family-wise {level:.0%} (Holm); {div} diverged particles"
+        ),
+    }
+
+
+def coverage(summary: dict[str, Any]) -> pd.DataFrame:
+    """Coverage of the central 95% predictive interval on the test points (mean ± std over splits)."""
+    rows = [r for r in summary["rows"] if r["metric"] == "coverage95"]
+    out = pd.DataFrame(
+        {
+            "dataset": [r["dataset"] for r in rows],
+            "method": [_LABELS[(r["method"], int(r["hidden_layers"]))] for r in rows],
+            "coverage": [report.pm(r["mean"], r["std"]) for r in rows],
+        }
+    )
+    return out.pivot(index="dataset", columns="method", values="coverage").fillna("not run")
+
+
+def runs(runs: dict[str, dict[str, Any]], metric: str) -> pd.DataFrame:
+    """Several runs of the same cells side by side (e.g. the faithful fixed step vs the line search).
+
+    ``runs`` maps a column label to a summary; rows are the (dataset, method) pairs of the first run; entries
+    are mean ± std over splits with the number of diverged particles.
+    """
+    table: dict[str, dict[str, str]] = {}
+    for label, s in runs.items():
+        col = {}
+        for r in s["rows"]:
+            if r["metric"] != metric:
+                continue
+            name = f"{r['dataset']}, {_LABELS[(r['method'], int(r['hidden_layers']))]}"
+            div = f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""
+            col[name] = f"{report.pm(r['mean'], r['std'])} ({r['n_splits']} splits{div})"
+        table[label] = col
+    names = list(next(iter(table.values()), {}))
+    return pd.DataFrame({label: [col.get(n, "not run") for n in names] for label, col in table.items()},
+                        index=pd.Index(names, dtype=object))
+
+
+def lbfgs_variants(cells: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Diverged particles per split for L-BFGS variants on the same cells
+    (:func:`bootens_core.repro.experiments.uci.lbfgs_variant_cells`).
+
+    Rows: (sigma^2 in standardised label units, dataset, hidden layers); columns: the variants; entries: the
+    diverged particles of each split, in split order, and the particles per cell (``"4, 0, 1 of 200"``);
+    ``"not run"`` where a variant has no cell. Rows and columns keep the order of first appearance.
+    """
+    table: dict[tuple[str, str, int], dict[str, dict[int, tuple[int, int]]]] = {}
+    columns: list[str] = []
+    for c in cells:
+        row = (f"{float(c['noise_var_std_units']):g}", str(c["dataset"]), int(c["hidden_layers"]))
+        col = str(c["optimizer"])
+        if col not in columns:
+            columns.append(col)
+        k = int(c["n_components"]) + int(c["diverged_particles"])
+        table.setdefault(row, {}).setdefault(col, {})[int(c["split"])] = (int(c["diverged_particles"]), k)
+    def entry(splits: dict[int, tuple[int, int]] | None) -> str:
+        if not splits:
+            return "not run"
+        sizes = {k for _, k in splits.values()}
+        size = f" of {sizes.pop()}" if len(sizes) == 1 else ""
+        return ", ".join(str(splits[s][0]) for s in sorted(splits)) + size
+    rows = sorted(table, key=lambda r: (float(r[0]), r[2]))
+    index = pd.MultiIndex.from_tuples(rows, names=["σ² (standardised)", "dataset", "hidden layers"])
+    return pd.DataFrame({col: [entry(table[r].get(col)) for r in rows] for col in columns}, index=index)
+
+
+def noise_selection(result: Any) -> pd.DataFrame:
+    """The likelihood variance each cell used, in standardised label units, per dataset and method.
+
+    For the methods that select it on the ``noise_grid`` (the ensembles), the median over splits and how many
+    splits chose the smallest or the largest grid value (a choice at an edge means the grid may have cut off
+    the validation optimum); for the others (the GP's marginal likelihood, MC dropout's 1/tau from Gal's own
+    grid), the median value (edges of the noise grid do not apply).
+    ``result`` is a UCI :class:`~bootens_core.repro.Result` (its ``cells.csv`` and ``config``).
+    """
+    cells = pd.read_csv(io.StringIO(result.files["cells.csv"]))
+    grid = result.config["noise_grid"]
+    lo, hi = min(grid), max(grid)
+    rows = []
+    for (d, m, layers), g in cells.groupby(["dataset", "method", "hidden_layers"], sort=False):
+        v = g["noise_var_std_units"].to_numpy(float)
+        fitted = (not str(g["selection"].iloc[0]).startswith("validation MNLL")) if "selection" in g else m == "gp"
+        rows.append({
+            "dataset": d,
+            "method": _LABELS[(m, int(layers))],
+            "splits": len(v),
+            "median σ² (std units)": f"{np.median(v):.2g}",
+            f"at grid min {lo:g}": "—" if fitted else int(np.sum(np.isclose(v, lo))),
+            f"at grid max {hi:g}": "—" if fitted else int(np.sum(np.isclose(v, hi))),
+        })
+    return pd.DataFrame(rows).set_index(["dataset", "method"])
+
+
+def sghmc_study(study: dict[str, Any]) -> pd.DataFrame:
+    """The SGHMC step-size study (:func:`bootens_core.repro.experiments.uci.sghmc_step_study`) as a table: one row per
+    step size, test scores of the kept draws (original units), diverged restarts and the predictive R-hat
+    across restarts (mean and max over the test inputs)."""
+    rows = study["rows"]
+    return pd.DataFrame({
+        "test RMSE": [f"{r['test_rmse']:.2f}" for r in rows],
+        "test MNLL": [f"{r['test_mnll']:.2f}" for r in rows],
+        "95% coverage": [f"{r['coverage95']:.2f}" for r in rows],
+        "diverged restarts": [r["diverged_restarts"] for r in rows],
+        "predictive R-hat mean (max)": [f"{r['rhat_mean']:.2f} ({r['rhat_max']:.2f})" for r in rows],
+        "wall s": [f"{r['wall_s']:.1f}" for r in rows],
+    }, index=pd.Index([f"{r['step_size']:.3g}" for r in rows], name="step ε"))
+
+
+# What makes a cell "paper scale" beside every split being there: the settings of its method family that set
+# the amount of computation (particles, optimisation length, chain length, grid sizes) at the paper's values.
+SCALE_FIELDS: dict[str, tuple[str, ...]] = {
+    "ensemble": ("n_particles", "lbfgs.steps", "lbfgs.iters_per_step", "noise_grid", "val_fraction"),
+    "mcd": ("mcd.epochs_x", "mcd.samples"),
+    "sghmc": ("sghmc.restarts", "sghmc.draws", "sghmc.burn_in", "sghmc.thin", "noise_grid", "val_fraction"),
+    "gp": ("gp.max_iter", "gp.n_inducing", "gp.svgp_datasets"),
+}
+
+
+def paper_scale(records: dict[str, Any]) -> tuple[pd.DataFrame, report.Text]:
+    """How many cells of the paper's Tables 2-3 exist at the paper's scale in the given records.
+
+    ``records``: label -> a stored UCI result (``summary`` and ``config``). A table cell (dataset x method
+    column x metric, RMSE or MNLL) exists when some record made with the paper's values of the fields
+    :data:`SCALE_FIELDS` names for that method holds every one of the dataset's splits (10, 5 on Protein).
+    Returns one row per method column (datasets complete, table cells, splits present at paper scale, and
+    which records hold them) and the overall count as text (e.g. "24 of 108 table cells").
+    """
+    from ....data.uci import PAPER_SPLITS
+
+    paper = UCIConfig.paper()
+    best: dict[tuple[str, int, str], tuple[int, str]] = {}
+    for label, rec in records.items():
+        cfg = config.from_dict(UCIConfig, rec.config)
+        for r in rec.summary["rows"]:
+            if r["metric"] != "rmse":
+                continue
+            meth, layers, d = r["method"], int(r["hidden_layers"]), r["dataset"]
+            fields = SCALE_FIELDS.get(meth, ())
+            if any(config.get(cfg, f) != config.get(paper, f) for f in fields):
+                continue
+            k = (meth, layers, d)
+            if int(r["n_splits"]) > best.get(k, (0, ""))[0]:
+                best[k] = (int(r["n_splits"]), label)
+    rows, total = [], 0
+    datasets = list(PAPER_SPLITS)
+    for meth, layers in TABLES23:
+        done = [d for d in datasets if best.get((meth, layers, d), (0, ""))[0] >= PAPER_SPLITS[d]]
+        splits = sum(min(best.get((meth, layers, d), (0, ""))[0], PAPER_SPLITS[d]) for d in datasets)
+        where = sorted({best[(meth, layers, d)][1] for d in datasets if (meth, layers, d) in best})
+        total += 2 * len(done)
+        rows.append({
+            "method": _LABELS[(meth, layers)],
+            f"datasets complete (of {len(datasets)})": len(done),
+            f"table cells (of {2 * len(datasets)})": 2 * len(done),
+            f"splits at paper scale (of {sum(PAPER_SPLITS.values())})": splits,
+            "complete on": ", ".join(done) if done else "—",
+            "record": ", ".join(where) if where else "—",
+        })
+    n_all = 2 * len(datasets) * len(TABLES23)
+    return pd.DataFrame(rows).set_index("method"), report.Text(f"{total} of {n_all} table cells")
+
+
+def lbfgs_summary(check: dict[str, Any], tol: float = 1e-9) -> dict[str, Any]:
+    """Numbers of the L-BFGS check on one particle (:func:`bootens_core.repro.experiments.uci.lbfgs_check`).
+
+    ``train_agree_iters``: iterations for which ``ensemble.train`` and the hand loop agree to relative ``tol``
+    (they start identical; the fixed step is not a descent method, so rounding differences of the batched
+    computation grow once the loss starts rising). ``fixed_rise_fraction``: share of fixed-step iterations
+    whose loss is above the previous one. ``loss_at_32``: the loss after the literal 32 iterations.
+    """
+    fixed, train = np.asarray(check["fixed"]), np.asarray(check["train"])
+    rel = np.abs(train - fixed) / np.abs(fixed)
+    bad = np.flatnonzero(rel > tol)
+    n32 = min(32, fixed.size - 1)
+    return {
+        "n_iters": int(fixed.size),
+        "direction_rel_err_max": float(np.max(check["direction_rel_err"])),
+        "train_agree_iters": int(bad[0]) if bad.size else int(fixed.size),
+        "fixed_rise_fraction": float(np.mean(np.diff(fixed) > 0)),
+        "loss_at_32": {k: float(np.asarray(check[k])[n32]) for k in ("fixed", "zoom", "scipy")},
+        "loss_final": dict(check["final"]),
+        "scipy_nfev": int(check["scipy_nfev"]),
+    }
+
+
+def _label(method_id: str) -> str:
+    family, _, layers = method_id.partition("-")
+    return _LABELS[(family, int(layers) if layers else 0)]
+
+
+def paired(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> pd.DataFrame:
+    """Bootstrap ensembles against each baseline on the same splits
+    (:func:`bootens_core.repro.experiments.uci.paired_comparisons`): per dataset, metric, ensemble and baseline the
+    common splits, the mean over them of (ensemble − baseline) ± its SE over splits, the paired t (df) and
+    its two-sided p-value (``scipy.stats.ttest_rel``), and what the ensemble is at ``level``."""
+
+    rows = []
+    for r in experiment.paired_comparisons(records, level=level):
+        ok = np.isfinite(r["se"])
+        rows.append({
+            "dataset": r["dataset"], "metric": r["metric"].upper(), "ensemble": _label(r["ensemble"]),
+            "baseline": _label(r["baseline"]),
+            "splits": r["n"] if not r["dropped"] else f"{r['n']} ({r['dropped']} failed, left out)",
+            "ensemble − baseline": (f"{report.sig(r['diff'])} ± {report.sig(r['se'], 2)}" if ok else
+                                    (report.sig(r["diff"]) if np.isfinite(r["diff"]) else "—")),
+            "t (df)": f"{r['t']:.2f} ({r['df']})" if ok else "—",
+            "p": f"{r['p']:.3g}" if np.isfinite(r["p"]) else "—",
+            "ensemble is": r["verdict"],
+        })
+    cols = ["dataset", "metric", "ensemble", "baseline", "splits", "ensemble − baseline", "t (df)", "p",
+            "ensemble is"]
+    return pd.DataFrame(rows, columns=cols).set_index(["dataset", "metric", "ensemble", "baseline"])
+
+
+def ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per dataset and metric, the methods from best to worst (:func:`bootens_core.repro.experiments.uci.ranking`):
+    on the splits all of them ran, each method's mean and its mean rank over those splits (1 = lowest error)."""
+
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in experiment.ranking(records):
+        row = table.setdefault((r["dataset"], r["metric"].upper()), {"splits": r["splits"], "order": []})
+        row["order"].append(f"{_label(r['method'])} {report.sig(r['mean'])} (rank {r['mean_rank']:.1f})")
+    index = pd.MultiIndex.from_tuples(list(table), names=["dataset", "metric"])
+    return pd.DataFrame({"common splits": [v["splits"] for v in table.values()],
+                         "best to worst: mean (mean rank)": [" · ".join(v["order"]) for v in table.values()]},
+                        index=index)
+
+
+def claim(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> tuple[report.Verdict, pd.DataFrame]:
+    """The paper's comparative claim (bootstrap ensembles are competitive with MC dropout, SGHMC and the GP)
+    judged by the rule of :func:`bootens_core.repro.experiments.uci.comparative_claim`, fixed before the records
+    were looked at: on each dataset × metric, the ensemble is *competitive* unless a paired t-test at
+    ``level`` finds it significantly worse than the best baseline on the common splits; the claim holds for
+    an ensemble competitive on more than half of its pairs. Returns the verdict (``supported``, ``partly
+    supported``, ``not supported`` or ``not tested``; evidence per ensemble; margin in noise units) and the
+    table of pairs."""
+
+    c = experiment.comparative_claim(records, level=level)
+    rows, evidence = [], []
+    for e, v in c["ensembles"].items():
+        worse = [p for p in v["pairs"] if not p["competitive"]]
+        evidence.append(
+            f"{_label(e)}: competitive on {v['competitive']} of {len(v['pairs'])} dataset × metric pairs "
+            f"(needs {v['needed']})" + ("; significantly worse on " + ", ".join(
+                f"{p['dataset']} {p['metric'].upper()} than {_label(p['baseline'])} ({report.sig(p['diff'])} ± "
+                f"{report.sig(p['se'], 2)}, p {p['p']:.3g})" for p in worse) if worse else ""))
+        for p in v["pairs"]:
+            rows.append({"ensemble": _label(e), "dataset": p["dataset"], "metric": p["metric"].upper(),
+                         "best baseline": _label(p["baseline"]), "splits": p["n"],
+                         "ensemble − best": f"{report.sig(p['diff'])} ± {report.sig(p['se'], 2)}", "p": f"{p['p']:.3g}",
+                         "competitive": "yes" if p["competitive"] else "no (significantly worse)"})
+    text = {"supported": "supported: the ensembles are competitive on most dataset × metric pairs",
+            "partly supported": "partly supported: one ensemble is competitive on most pairs, the other not",
+            "not supported": "NOT supported: significantly worse than the best baseline on half of the pairs "
+                             "or more",
+            "not tested": "not tested: no ensemble and baseline share splits"}[c["verdict"]]
+    cols = ["ensemble", "dataset", "metric", "best baseline", "splits", "ensemble − best", "p", "competitive"]
+    table = pd.DataFrame(rows, columns=cols).set_index(["ensemble", "dataset", "metric"])
+    return report.Verdict(text, "; ".join(evidence) or "no pair", c["margin"]), table
+
+
+_PM_NAME = {"SE": "SE", "SD": "SD", "unstated": "± not stated"}
+
+
+def published(*ours: dict[str, Any]) -> pd.DataFrame:
+    """Published results of other papers on the same standard UCI splits (not ours, not the paper's:
+    :func:`bootens_core.repro.experiments.uci.published_reference`): one row per dataset and source (a published
+    method, or one of ours), columns ``RMSE`` and ``MNLL`` (a published test log-likelihood is shown negated,
+    its ± unchanged). Each published entry carries its ± convention (``SE``, ``SD`` or ``± not stated``). With
+    ``ours`` (summaries, e.g. of the paper-scale records), our methods' mean ± SE (splits) follow each dataset's
+    published rows, labelled ``ours:``; a method of ours with no cell in any summary has no rows."""
+
+    pub = experiment.published_reference()
+    datasets = list(dict.fromkeys(r["dataset"] for r in pub))
+    got = {(r["dataset"], r["label"], r["metric"].upper()): r for r in pub}
+    sources = [(label, None) for label in dict.fromkeys(r["label"] for r in pub)]
+    mine: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    if ours:
+        mine = {(r["dataset"], r["metric"].upper(), r["method"], int(r["hidden_layers"])): r
+                for s in ours for r in s["rows"] if r["metric"] in ("rmse", "mnll")}
+        sources += [(f"ours: {_LABELS[(meth, layers)]}", (meth, layers)) for meth, layers in TABLES23
+                    if any(k[2:] == (meth, layers) for k in mine)]
+
+    def entry(d: str, label: str, method: tuple[str, int] | None, metric: str) -> str:
+        if method is None:
+            r = got.get((d, label, metric))
+            return f"{r['mean']:.2f} ± {r['pm']:.2f} ({_PM_NAME[r['pm_convention']]})" if r else "—"
+        r = mine.get((d, metric, *method))
+        if r is None:
+            return "not run"
+        return f"{report.sig(r['mean'])} ± {report.sig(r['se'], 2)} ({r['n_splits']})" if np.isfinite(r.get("se", np.nan)) else _ours(r)
+
+    index = pd.MultiIndex.from_tuples([(d, label) for d in datasets for label, _ in sources], names=["dataset", "source"])
+    return pd.DataFrame(
+        {metric: [entry(d, label, method, metric) for d in datasets for label, method in sources]
+         for metric in ("RMSE", "MNLL")},
+        index=index,
+    )
+
+
+def gaussian_mnll(rmse: Any) -> Any:
+    """The mean negative log-likelihood that a Gaussian predictive centred on the predictions, with one
+    variance for every point set to the squared RMSE (the variance that minimises that MNLL), scores:
+    ``0.5 * log(2 * pi * e * rmse**2)``. An MNLL above it means the predictive variances cost more than one
+    well-chosen constant variance would; below it, that they follow the errors."""
+    r = np.asarray(rmse, dtype=float)
+    if np.any(~(r > 0)):
+        raise ValueError(f"gaussian_mnll needs positive RMSEs, got {rmse!r}")
+    out = 0.5 * np.log(2 * np.pi * np.e * r**2)
+    return float(out) if out.ndim == 0 else out
+
+
+def _excess(mnll: float, mnll_se: float, rmse: float, rmse_se: float) -> tuple[float, float]:
+    # SE of mean MNLL - gaussian_mnll(mean RMSE), the two means' errors taken as independent (MNLL and log RMSE
+    # rise together over splits, so this overstates the SE: the conservative side).
+    return mnll - gaussian_mnll(rmse), float(np.hypot(mnll_se, rmse_se / rmse))
+
+
+def _tally(t: list[int], excess: float, se: float) -> None:
+    t[0] += excess > 2 * se
+    t[1] += excess < -2 * se
+    t[2] += 1
+
+
+def mnll_excess(records: Sequence[Mapping[str, Any]] = ()) -> tuple[pd.DataFrame, report.Text]:
+    """The MNLL of each UCI column above the Gaussian level of its own RMSE (:func:`gaussian_mnll` at the mean
+    RMSE over splits), the paper's (from its published means; "—" where its RMSE rounds to 0) and, for the
+    cells in ``records`` (per-split records, e.g. of the paper-scale records), ours, computed the same way.
+
+    Per split, a Gaussian with the split's squared RMSE as its variance scores ``gaussian_mnll`` of that RMSE,
+    and the mean of those over splits is at most the level at the mean RMSE (the log is concave), so an excess
+    clearly above 0 says the predictive variances are worse, on average, than one constant variance per split.
+    The ± is an SE: the published SD over splits over the root of the paper's number of splits (an SD printed
+    as 0.00 taken as 0.005), ours the SD over splits over the root of their number, combined as if
+    independent (conservative). The paper's RMSEs are rounded to 0.01; the rounding moves its excess by at
+    most ``0.005 / rmse`` nats, included in its ± when larger than the SE.
+
+    Returns the table (one row per dataset and method column, columns ``paper: RMSE, MNLL``, ``paper: excess``
+    and ``ours: excess``) and a sentence counting, per method column, the datasets whose excess lies more than
+    two SEs above 0, and more than two below, in the paper and in ours (a description, not a test of a claim).
+    """
+    from ....data.uci import PAPER_SPLITS
+
+    ref = experiment.paper_reference()
+    by_cell: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for r in records:
+        by_cell.setdefault((r["dataset"], r["method"], int(r["hidden_layers"])), []).append(r)
+    datasets = list(dict.fromkeys(d for d, *_ in ref))
+    rows, index = [], []
+    count: dict[tuple[str, int], dict[str, list[int]]] = {}  # [above, below, compared]
+    for d in datasets:
+        for meth, layers in TABLES23:
+            p_rmse, p_mnll = ref.get((d, meth, layers, "rmse")), ref.get((d, meth, layers, "mnll"))
+            if p_rmse is None or p_mnll is None:
+                continue
+            n_p = PAPER_SPLITS[d]
+            tally = count.setdefault((meth, layers), {"paper": [0, 0, 0], "ours": [0, 0, 0]})
+            paper_pair = f"{p_rmse[0]:.2f}, {p_mnll[0]:.2f}"
+            if p_rmse[0] > 0.005:
+                e, se = _excess(p_mnll[0], max(p_mnll[1], 0.005) / np.sqrt(n_p), p_rmse[0],
+                                max(p_rmse[1], 0.005) / np.sqrt(n_p))
+                se = max(se, 0.005 / (p_rmse[0] - 0.005))
+                paper_e = f"{report.sig(e, 2)} ± {report.sig(se, 2)}"
+                _tally(tally["paper"], e, se)
+            else:
+                paper_e = "— (RMSE rounds to 0)"
+            cell = by_cell.get((d, meth, layers), [])
+            rm = np.array([float(r["test_rmse"]) for r in cell])
+            nl = np.array([float(r["test_mnll"]) for r in cell])
+            if len(cell) >= 2 and np.all(np.isfinite(rm)) and np.all(np.isfinite(nl)) and np.all(rm > 0):
+                k = len(cell)
+                e, se = _excess(nl.mean(), nl.std(ddof=1) / np.sqrt(k), rm.mean(), rm.std(ddof=1) / np.sqrt(k))
+                ours_e = f"{report.sig(e, 2)} ± {report.sig(se, 2)} ({k})"
+                _tally(tally["ours"], e, se)
+            elif not cell:
+                ours_e = "not run"
+            else:
+                ours_e = "— (1 split)" if len(cell) == 1 else f"— (not finite on a split of {len(cell)})"
+            index.append((d, _LABELS[(meth, layers)]))
+            rows.append({"paper: RMSE, MNLL": paper_pair, "paper: excess": paper_e, "ours: excess": ours_e})
+
+    def said(t: list[int]) -> str:
+        return f"{t[0]} above, {t[1]} below of {t[2]}" if t[2] else "not run"
+
+    text = report.Text("datasets whose MNLL lies more than two SEs above or below the Gaussian level of its RMSE — "
+                + "; ".join(f"{_LABELS[m]}: paper {said(t['paper'])}, ours {said(t['ours'])}"
+                            for m, t in count.items()))
+    table = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]))
+    return table, text
+
+
+def published_sources() -> pd.DataFrame:
+    """Where each published column of :func:`published` was read: citation, address, what its ± is (SE,
+    SD or not stated), the number of splits and the conversion applied to its numbers."""
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in experiment.published_reference():
+        groups.setdefault(r["label"], []).append(r)
+    out = []
+    for label, rs in groups.items():
+        splits = {r["dataset"]: r["n_splits"] for r in rs}
+        usual = sorted({n for d, n in splits.items() if d != "protein"})
+        text = ", ".join(map(str, usual)) + (f" (Protein {splits['protein']})" if "protein" in splits else "")
+        conv = sorted({r["conversion"] for r in rs} - {"none"})
+        out.append({"published column": label, "source": rs[0]["citation"], "address": rs[0]["url"],
+                    "±": {"SE": "SE", "SD": "SD", "unstated": "not stated"}[rs[0]["pm_convention"]],
+                    "splits": text, "conversion": "; ".join(conv) or "none"})
+    return pd.DataFrame(out).set_index("published column")
