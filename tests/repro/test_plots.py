@@ -5,11 +5,21 @@
 
 from __future__ import annotations
 
+import io
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 
 from bootens_core.repro import plots
+
+
+def render(fig: Figure) -> bytes:
+    """The PNG bytes of ``fig`` (the experiments' figure tests check that each renders)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def test_styled_draws_in_the_book_style_and_returns_the_figure_closed():
