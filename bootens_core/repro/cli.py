@@ -362,7 +362,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import jax
 
-    from . import bench, config
+    from . import config
+    from .performance import bench
 
     if args.case == "uci-cell":
         return _bench_uci_cell(args)
@@ -417,7 +418,8 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
 
     import jax
 
-    from . import bench, config
+    from . import config
+    from .performance import bench
     from .experiments.uci.config import UCIConfig
 
     cfg = config.for_profile(UCIConfig, "quick" if args.quick else args.profile)

@@ -1,9 +1,10 @@
-"""What every chapter's verdicts share, and the performance chapter's tables and rules.
+"""What every chapter's verdicts share.
 
 :class:`Verdict` (a verdict's text, evidence and margin), :class:`Text` (glue-able text),
 :class:`Provenance`, :func:`verdict_table`, and the pieces of a rule: :func:`distance` (a margin in
 Monte-Carlo noise units), :func:`p_to_z`, :func:`all_pass`, :func:`sig` and :func:`pm` (numbers as a table
-shows them). Each experiment's own rules live beside it (``experiments/<name>/verdicts.py``). Keeping rules
+shows them). Each experiment's own rules live beside it (``experiments/<name>/verdicts.py``; the performance chapter's in
+``performance/verdicts.py``). Keeping rules
 out of notebooks makes them testable and identical wherever they are shown.
 """
 
@@ -26,10 +27,6 @@ __all__ = [
     "all_pass",
     "sig",
     "pm",
-    "bench_table",
-    "bench_verdicts",
-    "profile_table",
-    "ci_timings_table",
 ]
 
 
@@ -166,59 +163,6 @@ def verdict_table(verdicts: dict[str, Verdict], labels: dict[str, str] | None = 
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def bench_table(doc: dict[str, Any]) -> pd.DataFrame:
-    """``bench.json`` as a table: one row per model x dataset shape x k; rates are medians over the timed
-    repeats with [min, max]."""
-    out = []
-    for r in doc["rows"]:
-        s = r["particle_steps_per_s_spread"]
-        torch_x = r.get("speedup_vs_torch_loop")
-        out.append({
-            "model": r["model"], "dataset (n)": f"{r['dataset']} ({r['n']})", "k": r["k"],
-            "particle-steps/s [min, max]": f"{r['particle_steps_per_s']:.3g} [{s['min']:.3g}, {s['max']:.3g}]",
-            "GFLOP/s": round(r["flops_per_s"] / 1e9, 2),
-            "x JAX loop": round(r["speedup_vs_jax_loop"], 2),
-            "x PyTorch loop": "—" if torch_x is None else round(torch_x, 2),
-            "roofline (bound)": f"{r['roofline_fraction']:.0%} ({r['roofline_bound']})",
-        })
-    return pd.DataFrame(out).set_index(["model", "dataset (n)", "k"])
-
-
-def bench_verdicts(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
-    """The issue's targets against the measured documents (by label).
-
-    ``cpu``: at k = 200 on a CPU, at least 30x the particle-steps/s of the loop of single-particle trainings.
-    ``gpu``: on a GPU, the 4-layer network of Protein's shape at >= 50% of its roofline (largest k measured).
-    A target without a document of its device says "not measured".
-    """
-    cpu = [(lab, r) for lab, d in docs.items() if d["device"].get("platform") == "cpu"
-           for r in d["rows"] if r["k"] == 200]
-    gpu = [(lab, r) for lab, d in docs.items() if d["device"].get("platform") == "gpu"
-           for r in d["rows"] if r["model"].startswith("mlp-4x") and r["dataset"] == "protein"]
-    out = {}
-    if cpu:
-        x = np.array([r["speedup_vs_jax_loop"] for _, r in cpu])
-        met = int((x >= 30).sum())
-        out["cpu"] = Text(
-            f"{'met' if met == len(x) else 'not met'}: at k = 200 on CPU the ensemble runs at "
-            f"{x.min():.2g}x to {x.max():.2g}x (median {np.median(x):.2g}x) the loop of single-particle "
-            f"trainings, target 30x ({met} of {len(x)} rows reach it)"
-        )
-    else:
-        out["cpu"] = Text("not measured: no CPU benchmark with k = 200")
-    if gpu:
-        best = {}
-        for lab, r in gpu:
-            if lab not in best or r["k"] > best[lab]["k"]:
-                best[lab] = r
-        parts = [f"{lab}: {r['roofline_fraction']:.0%} of its roofline at k = {r['k']}" for lab, r in best.items()]
-        ok = all(r["roofline_fraction"] >= 0.5 for r in best.values())
-        out["gpu"] = Text(f"{'met' if ok else 'not met'} (target 50%): " + "; ".join(parts))
-    else:
-        out["gpu"] = Text("not measured: no GPU benchmark record (results/paper/bench/) yet")
-    return out
-
-
 def sig(x: float, digits: int = 3) -> str:
     """``x`` to ``digits`` significant digits, positional (0.00123, 3.04, 1230)."""
     if not np.isfinite(x):
@@ -235,31 +179,3 @@ def pm(mean: float, std: float) -> str:
     if not np.isfinite(mean):
         return "diverged"
     return f"{mean:.3g} ± {std:.2g}" if abs(mean) >= 100 else f"{mean:.2f} ± {std:.2f}"
-
-
-# ------------------------------------------------------------------------------------------ classification
-
-
-def profile_table(doc: dict[str, Any]) -> pd.DataFrame:
-    """The calls of a profile (:func:`bootens_core.repro.profiling.measure`): wall, compile and compute seconds and
-    the number of XLA compilations, per stage and call."""
-    rows = [{"stage": c["stage"], "call": c["call"], "on": c["detail"], "wall s": round(c["wall_s"], 2),
-             "compile s": round(c["compile_s"], 2), "compute s": round(c["compute_s"], 2),
-             "XLA compiles": c["compiles"]} for c in doc["calls"]]
-    return pd.DataFrame(rows).set_index(["stage", "call"])
-
-
-def ci_timings_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """Committed CI timing records (``results/ci/<label>.json``: ``stages`` in seconds, ``total_s``,
-    ``machine``, ``commit``, ``date``), one column per record; an empty table when there are none."""
-    if not records:
-        return pd.DataFrame()
-    cols = {}
-    for label, rec in records.items():
-        col = {f"{name} (s)": round(float(sec)) for name, sec in rec["stages"].items()}
-        col["total (s)"] = round(float(rec["total_s"]))
-        col["machine"] = rec.get("machine", "")
-        col["commit"] = str(rec.get("commit", ""))[:10]
-        col["date"] = rec.get("date", "")
-        cols[label] = col
-    return pd.DataFrame(cols)

@@ -1,4 +1,4 @@
-"""bootens_core.repro.profiling: compile counting against jit's own cache, the profile document, CI records."""
+"""bootens_core.repro.performance.profiling: compile counting against jit's own cache, the profile document, CI records."""
 
 import json
 
@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bootens_core.repro import plots, profiling, report
-from bootens_core.repro.config import ProfileConfig
+from bootens_core.repro.performance import figures, profiling, verdicts
+from bootens_core.repro.performance.config import ProfileConfig
 
 
 def test_compile_counter_counts_one_compilation_per_new_shape_and_none_on_a_cache_hit():
@@ -56,21 +56,21 @@ def test_profile_of_the_mcmc_references_has_two_calls_each_and_draws_a_figure():
     assert stages == [("NUTS (NumPyro)", 1), ("NUTS (NumPyro)", 2), ("Metropolis-Hastings", 1),
                       ("Metropolis-Hastings", 2)]
     assert all(c["compiles"] > 0 for c in doc["calls"] if c["call"] == 1)
-    table = report.profile_table(doc)
+    table = verdicts.profile_table(doc)
     assert list(table.columns) == ["on", "wall s", "compile s", "compute s", "XLA compiles"]
-    fig = plots.profile_calls(doc)
+    fig = figures.calls(doc)
     assert len(fig.axes[0].patches) == 2 * len(doc["calls"])
 
 
 def test_ci_records_load_and_bad_ones_name_the_file(tmp_path):
     assert profiling.load_ci_records(tmp_path) == {}
-    assert report.ci_timings_table({}).empty
+    assert verdicts.ci_timings_table({}).empty
     rec = {"stages": {"test-unit": 300, "book": 700}, "total_s": 1100, "machine": "x86_64, 2 cores",
            "commit": "abc", "date": "2026-11-23"}
     (tmp_path / "local.json").write_text(json.dumps(rec))
     recs = profiling.load_ci_records(tmp_path)
     assert recs == {"local": rec}
-    assert report.ci_timings_table(recs).loc["total (s)", "local"] == 1100
+    assert verdicts.ci_timings_table(recs).loc["total (s)", "local"] == 1100
     (tmp_path / "bad.json").write_text(json.dumps({"total_s": 3}))
     with pytest.raises(ValueError, match="bad.json is not a CI timing record"):
         profiling.load_ci_records(tmp_path)

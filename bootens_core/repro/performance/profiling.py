@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import ensemble, models
-from ..driver import CompileCounter
-from . import store
+from ... import ensemble, models
+from ...driver import CompileCounter
+from .. import store
+from ..experiments.uci.config import UCIConfig
 from .config import ProfileConfig
-from .experiments.uci.config import UCIConfig
 
 __all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "run", "load_ci_records"]
 
@@ -104,9 +104,9 @@ def line_search_step(key: jax.Array, cfg: ProfileConfig) -> dict[str, Any]:
 
 
 def _uci_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
-    from ..data import uci as uci_data
-    from .experiments import uci
-    from .harness import Cell
+    from ...data import uci as uci_data
+    from ..experiments import uci
+    from ..harness import Cell
 
     quick = UCIConfig.quick()
     ucfg = dataclasses.replace(quick, n_particles=cfg.uci_particles,
@@ -125,7 +125,7 @@ def _uci_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
 
 
 def _mcmc_calls(key: jax.Array, cfg: ProfileConfig) -> list[dict[str, Any]]:
-    from ..samplers import metropolis_model, nuts_model
+    from ...samplers import metropolis_model, nuts_model
 
     model = models.mlp(1, (cfg.mcmc_width,), "relu")
     k_data, k_run = jax.random.split(key)

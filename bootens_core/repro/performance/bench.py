@@ -36,9 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import ensemble, models
-from . import store
-from .config import BenchConfig, as_dict, require_x64
+from ... import ensemble, models
+from .. import store
+from ..config import as_dict, require_x64
+from .config import BenchConfig
 
 __all__ = [
     "NAME",
@@ -413,7 +414,7 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
             "provenance": prov,
             "config": as_dict(cfg),
             "optimizer": "Adam (optax.adam), full batch, float32; matmul FLOPs only "
-                         "(see bootens_core.repro.bench)",
+                         "(see bootens_core.repro.performance.bench)",
             "peak": {"matmul_flops_per_s": peak["flops_per_s"], "matmul": peak,
                      "bandwidth_bytes_per_s": bw["bytes_per_s"], "bandwidth": bw},
             "rows": list(rows),
@@ -555,9 +556,9 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
     """
     import dataclasses
 
-    from . import harness
-    from ..data import uci as uci_data
-    from .experiments import uci
+    from .. import harness
+    from ...data import uci as uci_data
+    from ..experiments import uci
 
     start = time.perf_counter()
     bad = [d for d in datasets if d not in uci_data.DATASETS]

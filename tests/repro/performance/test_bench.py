@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bootens_core.repro import bench, cli
+from bootens_core.repro import cli
+from bootens_core.repro.performance import bench, figures, verdicts
 from bootens_core import perturb
 
 
@@ -175,31 +176,27 @@ def _row(model: str, dataset: str, k: int, speedup: float, roof: float) -> dict:
 
 
 def test_verdicts_against_the_targets():
-    from bootens_core.repro import report
-
     cpu = _doc("cpu", [_row("mlp-1x50", "boston", 200, 35.0, 0.5), _row("mlp-4x50", "boston", 200, 12.0, 0.5),
                        _row("mlp-1x50", "boston", 10, 1.0, 0.5)])
-    v = report.bench_verdicts({"cpu": cpu})
+    v = verdicts.evaluate({"cpu": cpu})
     assert str(v["cpu"]).startswith("not met") and "1 of 2 rows" in str(v["cpu"])
     assert str(v["gpu"]).startswith("not measured")
     gpu = _doc("gpu", [_row("mlp-4x50", "protein", 10, 5.0, 0.2), _row("mlp-4x50", "protein", 1000, 80.0, 0.6)])
-    v = report.bench_verdicts({"cpu": cpu, "h200": gpu})
+    v = verdicts.evaluate({"cpu": cpu, "h200": gpu})
     assert str(v["gpu"]).startswith("met") and "60% of its roofline at k = 1000" in str(v["gpu"])
     ok = _doc("cpu", [_row("mlp-1x50", "boston", 200, 31.0, 0.5)])
-    assert str(report.bench_verdicts({"cpu": ok})["cpu"]).startswith("met")
+    assert str(verdicts.evaluate({"cpu": ok})["cpu"]).startswith("met")
 
 
 def test_table_and_figure_of_a_document():
-    from bootens_core.repro import plots, report
-
     doc = _doc("cpu", [_row("mlp-1x50", "boston", k, 1.0, 0.5) for k in (1, 10)]
                + [_row("mlp-4x50", "protein", k, 1.0, 0.5) for k in (1, 10)])
-    table = report.bench_table(doc)
+    table = verdicts.table(doc)
     assert len(table) == 4 and table.loc[("mlp-1x50", "boston (64)", 10), "x PyTorch loop"] == "—"
-    fig = plots.bench_throughput({"this": doc, "other": doc})
+    fig = figures.throughput({"this": doc, "other": doc})
     assert len(fig.axes) == 6
     with pytest.raises(ValueError, match="no benchmark"):
-        plots.bench_throughput({})
+        figures.throughput({})
 
 
 def test_load_records(tmp_path: Path):
