@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import figures, verdicts
 from .experiment import (
     NAME, DESCRIPTION, ARTEFACTS, Config, run, store_dir, compute_cell, cells, expand_methods, method,
-    paper_reference, LEVEL, METRICS, ENSEMBLE_IDS, BASELINE_IDS, compare_with_paper, holm, method_id, paired,
+    paper_reference, LEVEL, MIN_SPLITS, METRICS, ENSEMBLE_IDS, BASELINE_IDS, compare_with_paper, holm, method_id, paired,
     paired_comparisons, ranking, comparative_claim, published_reference, summarise, restate,
     paper_scale_summary, result_cells, cells_csv, lbfgs_check, sghmc_step_study, from_cells, PAPER_METHODS,
     PRIORITY_METHODS, PRIORITY_DATASETS, TRAIN_SHAPES, GP_SKIPPED, priority, cost_units, grid_batch,
@@ -19,7 +19,7 @@ from .experiment import (
 
 __all__ = [
     "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "store_dir", "compute_cell", "cells",
-    "expand_methods", "method", "paper_reference", "LEVEL", "METRICS", "ENSEMBLE_IDS", "BASELINE_IDS",
+    "expand_methods", "method", "paper_reference", "LEVEL", "MIN_SPLITS", "METRICS", "ENSEMBLE_IDS", "BASELINE_IDS",
     "compare_with_paper", "holm", "method_id", "paired", "paired_comparisons", "ranking",
     "comparative_claim", "published_reference", "summarise", "restate", "paper_scale_summary",
     "result_cells", "cells_csv", "lbfgs_check", "sghmc_step_study", "from_cells", "PAPER_METHODS",

@@ -80,6 +80,18 @@ def test_compare_with_paper_failed_and_too_few(values, expected):
     assert got["verdict"] == expected and got["margin"] is None and math.isnan(got["p"])
 
 
+def test_compare_with_paper_gives_no_verdict_on_two_splits():
+    # Boston, 4 layers, two splits made on a GPU: RMSE 21.91 and 18.70 against the paper's 3.17 ± 0.60. The
+    # Welch-type test has about one degree of freedom there (5% critical value 12.7, scipy's t quantile), so
+    # at two splits it would call them alike; with a third split of the same spread it sees the difference.
+    assert stats.t.ppf(0.975, 1) == pytest.approx(12.706, abs=1e-3)
+    two = uci.compare_with_paper([21.91, 18.70], 3.17, 0.60, 10)
+    assert two["verdict"] == "too few splits" and math.isnan(two["p"]) and two["sd"] == pytest.approx(2.2698, abs=1e-4)
+    assert uci.MIN_SPLITS == 3
+    three = uci.compare_with_paper([21.91, 18.70, 20.30], 3.17, 0.60, 10)
+    assert three["verdict"] == "worse" and three["p"] < 0.05
+
+
 def test_holm_step_down():
     assert uci.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
     assert uci.holm([0.01, 0.02], level=0.05) == [True, True]  # 0.01 <= 0.025, 0.02 <= 0.05
