@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["main", "DEFAULT_OUT"]
+__all__ = ["main", "DEFAULT_OUT", "MATMUL_PRECISION"]
 
 # Where `run` and `bench` write without --out: apart from results/, which holds the committed record.
 DEFAULT_OUT = "bootens-out"
+# JAX's float32 matmul precision under the command (main): true float32 products on every device.
+MATMUL_PRECISION = "highest"
 # The clock of --time-budget (counted from the start of main()).
 _clock = time.monotonic
 
@@ -455,6 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # the experiments compute in float64 (config.require_x64)
+    # float32 matrix products in float32 on every device: JAX's default on NVIDIA GPUs since Ampere is TF32
+    # (10-bit mantissa), which no CPU uses, so a record's cells would be two computations. The environment
+    # variable JAX_DEFAULT_MATMUL_PRECISION, when set, decides instead; provenance records the setting.
+    if not os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"):
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
     parser = argparse.ArgumentParser(prog="bootens", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="list the experiments and the paper artefacts they rebuild")

@@ -158,6 +158,8 @@ def provenance(wall_time_s: float | None = None) -> dict[str, Any]:
         "wall_time_s": wall_time_s,
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": {"platform": dev.platform, "kind": dev.device_kind, "count": jax.device_count()},
+        # JAX's float32 matmul precision (None: its default, TF32 on NVIDIA GPUs since Ampere)
+        "matmul_precision": jax.config.jax_default_matmul_precision,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "versions": versions,

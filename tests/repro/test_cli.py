@@ -150,3 +150,51 @@ def test_default_out_is_not_beside_the_committed_record():
     helptext = subprocess.run([sys.executable, "-m", "bootens_core.repro.cli", "run", "--help"], capture_output=True,
                               text=True, check=True).stdout
     assert f"./{cli.DEFAULT_OUT}" in helptext and "committed record" in helptext
+
+
+def test_main_computes_float32_products_in_float32(monkeypatch):
+    import jax
+
+    from bootens_core.repro import store
+
+    monkeypatch.delenv("JAX_DEFAULT_MATMUL_PRECISION", raising=False)
+    before = jax.config.jax_default_matmul_precision
+    try:
+        jax.config.update("jax_default_matmul_precision", None)
+        assert cli.main(["list"]) == 0
+        assert jax.config.jax_default_matmul_precision == cli.MATMUL_PRECISION == "highest"
+        assert store.provenance()["matmul_precision"] == "highest"
+        # the user's environment variable decides when it is set
+        jax.config.update("jax_default_matmul_precision", None)
+        monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "tensorfloat32")
+        assert cli.main(["list"]) == 0
+        assert jax.config.jax_default_matmul_precision is None
+    finally:
+        jax.config.update("jax_default_matmul_precision", before)
+
+
+def test_float32_products_are_the_cpu_default():
+    # The setting changes GPU numbers only: on a CPU every float32 product is already float32, so records made
+    # before it and the chapters' CPU numbers stay as they were (bitwise, a 4-layer network's loss gradient).
+    import jax
+    import jax.numpy as jnp
+
+    from bootens_core import models
+
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("the CPU's default")
+    m = models.mlp(13, (50, 50, 50, 50))
+    kx, kp = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (200, 13), jnp.float32)
+    params = [{"w": jax.random.normal(jax.random.fold_in(kp, 2 * i), (a, b), jnp.float32),
+               "b": jax.random.normal(jax.random.fold_in(kp, 2 * i + 1), (b,), jnp.float32)}
+              for i, (a, b) in enumerate(zip((13, 50, 50, 50, 50), (50, 50, 50, 50, 1)))]
+
+    def grads():
+        g = jax.jit(jax.grad(lambda p: jnp.sum(m.apply(p, x) ** 2)))(params)
+        return np.concatenate([np.ravel(v) for v in jax.tree.leaves(g)])
+
+    default = grads()
+    with jax.default_matmul_precision("highest"):
+        highest = grads()
+    assert np.all(np.isfinite(default)) and np.array_equal(default, highest)
