@@ -184,6 +184,11 @@ def test_verdicts_against_the_targets():
     gpu = _doc("gpu", [_row("mlp-4x50", "protein", 10, 5.0, 0.2), _row("mlp-4x50", "protein", 1000, 80.0, 0.6)])
     v = verdicts.evaluate({"cpu": cpu, "h200": gpu})
     assert str(v["gpu"]).startswith("met") and "60% of its roofline at k = 1000" in str(v["gpu"])
+    # a GPU record cut off before the 4-layer Protein rows measures nothing of that target, and says so
+    partial = {**_doc("gpu", [_row("mlp-4x50", "kin8nm", 200, 3.0, 0.36)]), "complete": False}
+    assert str(verdicts.evaluate({"cpu": cpu, "h200": partial})["gpu"]) == (
+        "not measured: no 4-layer Protein row in the GPU benchmark record h200 (h200: cut off "
+        "before it)")
     ok = _doc("cpu", [_row("mlp-1x50", "boston", 200, 31.0, 0.5)])
     assert str(verdicts.evaluate({"cpu": ok})["cpu"]).startswith("met")
 
