@@ -19,6 +19,7 @@ from .models import Model, Params, prior_logpdf, prior_sample
 
 __all__ = [
     "Perturbation",
+    "particle_keys",
     "sample",
     "gaussian_loglik",
     "log_joint",
@@ -38,13 +39,27 @@ class Perturbation(NamedTuple):
     anchor: Params
 
 
+def particle_keys(key: jax.Array, n: int) -> jax.Array:
+    """The keys of particles ``0 .. n-1``: particle ``i``'s is ``fold_in(key, i)``, whatever ``n`` is, so the
+    first ``k`` particles of a larger ensemble are the ``k``-particle ensemble (and padding or sharding the
+    particle axis cannot change them)."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(int(n), dtype=jnp.uint32))
+
+
 def sample(key: jax.Array, model: Model, y: jax.Array, noise_var: float | jax.Array, n: int) -> Perturbation:
-    """Draw ``n`` replicates: ``y~ = y + sqrt(noise_var) * N(0, 1)`` and ``theta~`` from the prior."""
-    k_labels, k_anchor = jax.random.split(key)
+    """Draw ``n`` replicates: ``y~ = y + sqrt(noise_var) * N(0, 1)`` and ``theta~`` from the prior.
+
+    Replicate ``i`` comes from particle ``i``'s own key (:func:`particle_keys`): the first ``k`` of ``n``
+    replicates are the ``k`` drawn alone."""
     y = jnp.asarray(y)
-    noise = jax.random.normal(k_labels, (n, *y.shape), y.dtype)
+
+    def one(k: jax.Array) -> tuple[jax.Array, Params]:
+        k_labels, k_anchor = jax.random.split(k)
+        return jax.random.normal(k_labels, y.shape, y.dtype), prior_sample(k_anchor, model, dtype=y.dtype)
+
+    noise, anchor = jax.vmap(one)(particle_keys(key, n))
     y_tilde = y[None] + jnp.sqrt(jnp.asarray(noise_var, y.dtype)) * noise
-    return Perturbation(y=y_tilde, anchor=prior_sample(k_anchor, model, n, dtype=y.dtype))
+    return Perturbation(y=y_tilde, anchor=anchor)
 
 
 def gaussian_loglik(f: jax.Array, y: jax.Array, noise_var: float | jax.Array) -> jax.Array:

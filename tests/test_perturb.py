@@ -153,6 +153,25 @@ def test_sample_shapes_and_determinism(mlp_problem):
     assert not np.allclose(np.asarray(pert.y), np.asarray(other.y))
 
 
+def test_each_replicate_comes_from_its_particles_own_key(mlp_problem):
+    """Replicate i is drawn from fold_in(key, i) alone: the first k of n replicates are the k-replicate draw,
+    and replicate i's labels are y + sigma * N(0, 1) from the first half of particle i's key."""
+    model, x, y, params = mlp_problem
+    key = jax.random.key(21)
+    big, small = _sample(key, model, y, 0.2, 7), _sample(key, model, y, 0.2, 3)
+    for a, b in zip(jax.tree.leaves(big), jax.tree.leaves(small), strict=True):
+        np.testing.assert_array_equal(np.asarray(a)[:3], np.asarray(b))
+    keys = perturb.particle_keys(key, 7)
+    assert keys.shape == (7,)
+    for i in (0, 4, 6):
+        assert jnp.array_equal(jax.random.key_data(keys[i]), jax.random.key_data(jax.random.fold_in(key, i)))
+        k_labels, _ = jax.random.split(keys[i])
+        alone = np.asarray(y) + np.sqrt(0.2) * np.asarray(jax.random.normal(k_labels, y.shape, y.dtype))
+        np.testing.assert_allclose(np.asarray(big.y)[i], alone, rtol=1e-12, atol=1e-12)
+    # distinct particles differ
+    assert not np.allclose(np.asarray(big.y)[0], np.asarray(big.y)[1])
+
+
 def _check_normal_sample(z, var, what):
     """iid N(0, var) entries: mean within 5 sqrt(var/N), sample variance within 5 var sqrt(2/(N-1))."""
     z = np.asarray(z).ravel()

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from ..models import Model, Params, prior_sample
-from ..perturb import Perturbation, perturbed_log_joint
+from ..perturb import Perturbation, particle_keys, perturbed_log_joint
 from ..perturb import sample as sample_perturbation
 from .optimizers import Optimizer
 
@@ -76,7 +76,7 @@ def init(
         params = pert.anchor
     else:
         pert = pert._replace(anchor=jax.tree.map(jnp.zeros_like, pert.anchor))
-        params = prior_sample(k_init, model, n_particles, dtype=y.dtype)
+        params = jax.vmap(lambda k: prior_sample(k, model, dtype=y.dtype))(particle_keys(k_init, n_particles))
     opt_state = jax.vmap(opt.tx.init)(params)
     return State(params, opt_state, pert, jnp.zeros((), jnp.int32))
 

@@ -545,3 +545,19 @@ def test_ensemble_step_with_line_search_equals_the_vmapped_particle_step_with_fe
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-10, atol=1e-12)
     assert np.all(np.isfinite(np.asarray(vb)))
     assert 0 < counts["new"] < counts["ref"], counts
+
+
+@pytest.mark.parametrize("perturb_prior", [True, False])
+def test_the_first_k_particles_of_a_larger_ensemble_are_the_k_particle_ensemble(perturb_prior):
+    """Particle i's replicate and start come from fold_in(key, i): training 3 or 8 particles from one key
+    gives the same first 3 particles (their replicates, starts and trained values)."""
+    model = models.mlp(2, (6,), "tanh", weight_var=1.0, bias_var=1.0)
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(12, 2)), rng.normal(size=12)
+    runs = {k: ensemble.train(jax.random.key(5), model, x, y, noise_var=0.3, n_particles=k,
+                              opt=ensemble.optimizer("adam", 1e-2), steps=30, perturb_prior=perturb_prior, dtype=jnp.float64)
+            for k in (3, 8)}
+    small, big = runs[3], runs[8]
+    for tree in ("init_params", "params", "perturbation"):
+        for a, b in zip(jax.tree.leaves(getattr(big, tree)), jax.tree.leaves(getattr(small, tree)), strict=True):
+            np.testing.assert_allclose(np.asarray(a)[:3], np.asarray(b), rtol=1e-12, atol=1e-14, err_msg=tree)
