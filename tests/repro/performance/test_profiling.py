@@ -74,3 +74,21 @@ def test_ci_records_load_and_bad_ones_name_the_file(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"total_s": 3}))
     with pytest.raises(ValueError, match="bad.json is not a CI timing record"):
         profiling.load_ci_records(tmp_path)
+
+
+def test_a_second_sghmc_cell_compiles_nothing_even_when_a_restart_diverged():
+    """The profile's SGHMC cells (Boston, 2 restarts x 5 draws) on the key the profile gives them: on split 1 a
+    restart diverges, and the prediction of the kept draws must not compile again for their new number."""
+    import dataclasses
+    import os
+    from pathlib import Path
+
+    mirror = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[3].parent / "shared"
+                                                         / "data" / "uci")
+    if not Path(mirror).is_dir():
+        pytest.skip(f"no UCI mirror at {mirror}")
+    cfg = dataclasses.replace(ProfileConfig(), uci_methods=("sghmc-1",))
+    k_uci = jax.random.split(jax.random.key(cfg.seed), 3)[0]  # as profiling.measure gives the UCI calls
+    rows = profiling._uci_calls(k_uci, cfg)
+    assert [r["call"] for r in rows] == [1, 2] and rows[0]["compiles"] > 0
+    assert rows[1]["compiles"] == 0

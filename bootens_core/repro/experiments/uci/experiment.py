@@ -359,9 +359,13 @@ def _sghmc_method(network: NetworkConfig, sghmc: SGHMCConfig, /, ctx: _Context) 
             on_diverged="report", dtype=dtype,
         )
         # A restart that diverged contributes no sample; every kept draw of the others is a mixture component.
+        # Every draw is predicted (one shape whatever diverged, so no split compiles the prediction again) and
+        # the diverged restarts' draws are dropped after.
         ok_restart = ~np.asarray(res.info["diverged"], bool)
-        draws = jax.tree.map(lambda a: a[ok_restart].reshape((-1, *a.shape[2:])), res.params)
+        draws = jax.tree.map(lambda a: a.reshape((-1, *a.shape[2:])), res.params)
         f = np.asarray(models.predict(model, draws, jnp.asarray(x_eval, dtype)), np.float64)
+        kept = np.repeat(ok_restart, sghmc.draws)
+        f = f[kept]
         ok = np.all(np.isfinite(f), axis=1)
         diverged = int((~ok_restart).sum()) * sghmc.draws + int((~ok).sum())
         info = {"step_size": float(res.info["step_size"]), "batch_size": int(res.info["batch_size"]),
