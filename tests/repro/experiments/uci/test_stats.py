@@ -120,9 +120,12 @@ def test_paired_is_scipys_ttest_rel():
 
 def test_paired_edge_cases():
     assert uci.paired([1.0], [2.0])["verdict"] == "too few splits"
-    same = uci.paired([1.0, 2.0], [1.0, 2.0])
+    # two pairs: one degree of freedom, no verdict (RMSE 21.9, 18.7 against 3.3, 3.0 would be "no difference")
+    assert uci.paired([21.9, 18.7], [3.3, 3.0])["verdict"] == "too few splits"
+    assert stats.ttest_rel([21.9, 18.7], [3.3, 3.0]).pvalue > 0.05
+    same = uci.paired([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
     assert (same["p"], same["verdict"]) == (1.0, "no significant difference")
-    shifted = uci.paired([2.0, 3.0], [1.0, 2.0])  # every difference +1: no spread, certainly worse
+    shifted = uci.paired([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])  # every difference +1: no spread, certainly worse
     assert (shifted["p"], shifted["verdict"]) == (0.0, "worse")
 
 
@@ -225,6 +228,9 @@ def test_claim_partly_and_not_tested_and_the_report():
     assert c["verdict"] == "partly supported"
     assert c["ensembles"]["ensemble-1"]["holds"] and not c["ensembles"]["ensemble-4"]["holds"]
     assert uci.comparative_claim(_cells({("yacht", "gp"): [1.0, 2.0]}))["verdict"] == "not tested"
+    # two common splits make no pair: a 4-layer ensemble far worse on two splits is not counted as competitive
+    two = [{**r, "test_rmse": r["test_rmse"] + 15.0} for r in four if r["split"] < 2]
+    assert "ensemble-4" not in uci.comparative_claim(recs + two)["ensembles"]
     v, table = uci.verdicts.claim(recs + four)
     assert str(v).startswith("partly supported") and v.margin == pytest.approx(c["margin"])
     assert "Ensemble 4-layer: competitive on 0 of 2" in v.evidence
