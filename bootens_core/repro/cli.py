@@ -145,7 +145,7 @@ def _stored_result(mod, root, cfg, kept=()):
 
 def _scheduled_options(args: argparse.Namespace) -> bool:
     return any(v not in (None, False, []) for v in (args.time_budget, args.shard, args.pack, args.pack_all,
-                                                     args.cell_times, args.default_cell_s))
+                                                     args.cell_times, args.default_cell_s, args.skip_recorded))
 
 
 def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:
@@ -190,9 +190,11 @@ def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:
             return 2
     try:
         refs = mod.reference_times(args.cell_times or [])
+        recorded = mod.recorded_cells(args.skip_recorded or [], cfg)
         outcome = mod.run_pending(
             key, cfg, budget_s=budget, shard=part, references=refs, default_s=default_s, pack=args.pack,
             pack_all=args.pack_all, force=args.force, progress=not args.quiet, start=args._start,
+            recorded=recorded,
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"bootens: {exc}", file=sys.stderr)
@@ -499,6 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--cell-times", nargs="+", default=None, metavar="PATH",
                        help="uci: reference cell times for the estimates: record folders (cells.csv), "
                             "cells.csv files or cell packs, e.g. results/paper/uci results/paper/uci-mcd-sghmc")
+    p_run.add_argument("--skip-recorded", nargs="+", default=None, metavar="RECORD",
+                       help="uci: pass over the cells these committed record folders already hold at this "
+                            "configuration's settings, e.g. results/paper/uci results/paper/uci-mcd-sghmc")
     p_run.add_argument("--default-cell-s", type=float, default=None, metavar="SECONDS",
                        help="uci: estimate of a cell whose method family has no measured time (default 600)")
     p_run.set_defaults(fn=_cmd_run)

@@ -50,7 +50,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -125,6 +125,7 @@ __all__ = [
     "lbfgs_variant_cells",
     "settings",
     "record_cells",
+    "recorded_cells",
 ]
 
 NAME = "uci"
@@ -573,6 +574,31 @@ def record_cells(folder: str | Path) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{table}: cannot read the record's cells ({exc})") from exc
     return _parse_cells(text, str(table))
+
+
+def recorded_cells(folders: Sequence[str | Path], cfg: UCIConfig) -> set[Cell]:
+    """The cells of ``cfg`` that committed record folders already hold at ``cfg``'s settings: a row of a
+    record's ``cells.csv`` counts when the record's ``config.json`` gives its method the same
+    :func:`settings` as ``cfg`` (rows made at other settings, e.g. a faithful-optimizer record, do not).
+    :func:`run_pending` passes them over, so a window on another machine does not repeat them. A folder without
+    a readable ``cells.csv`` and ``config.json`` is a one-line ``ValueError``."""
+    wanted = set(cells(cfg))
+    out: set[Cell] = set()
+    for folder in map(Path, folders):
+        try:
+            theirs = from_dict(UCIConfig, json.loads((folder / "config.json").read_text()))
+        except (OSError, json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise ValueError(f"--skip-recorded {folder}: no readable config.json of a UCI record ({exc})") from exc
+        same: dict[str, bool] = {}
+        for rec in record_cells(folder):
+            cell = cell_of(rec)
+            if cell not in wanted:
+                continue
+            if cell.method not in same:
+                same[cell.method] = settings(theirs, [cell.method]) == settings(cfg, [cell.method])
+            if same[cell.method]:
+                out.add(cell)
+    return out
 
 
 def result_cells(result: store.Result) -> list[dict[str, Any]]:
@@ -1418,6 +1444,7 @@ def run_pending(
     start: float | None = None,
     compute: Callable[[Cell], dict[str, Any]] | None = None,
     root: str | Path | None = None,
+    recorded: Collection[Cell] = (),
 ) -> PendingRun:
     """Run the cells of ``cfg`` not yet stored, in :func:`priority` order, within ``budget_s`` seconds.
 
@@ -1425,7 +1452,8 @@ def run_pending(
       positions ``I mod N`` of it (:func:`~bootens_core.repro.cellpack.shard`: independent of what is stored, so the N
       shards cover every cell once), then the stored ones are passed over (all recomputed with ``force``). GP
       cells are skipped, with the note :data:`GP_SKIPPED`, where GPflow/TensorFlow cannot be imported; they stay
-      remaining.
+      remaining. Cells in ``recorded`` (:func:`recorded_cells`: held by committed records at these settings)
+      are passed over and are not remaining; a note counts them.
     - **The budget** (seconds from ``start``, a ``clock()`` value; default now; ``None``: no budget): a cell
       starts only when its estimate fits (:func:`~bootens_core.repro.cellpack.admissible`, which counts the cells
       still running with ``cfg.workers > 1``); one that does not fit is passed over for a later one that does.
@@ -1448,6 +1476,8 @@ def run_pending(
     t0 = clock() if start is None else float(start)
     all_cells = priority(cells(cfg))
     mine = cellpack.shard(all_cells, *shard)
+    held = [c for c in mine if c in set(recorded)]
+    mine = [c for c in mine if c not in set(held)]
     root = Path(root) if root is not None else store_dir(key, cfg)
     cell_store = _CellStore(root, cfg)
     prov = _cell_provenance()
@@ -1462,6 +1492,8 @@ def run_pending(
     times.add_all(cellpack.Measurement(*m[:5], own=False) for m in references)
     skipped = [] if gp_available() else [c for c in mine if c.method == "gp"]
     notes = [GP_SKIPPED] if skipped else []
+    if held:
+        notes.append(f"passed over {len(held)} cell(s) that the records given already hold at these settings")
     runnable = [c for c in mine if c not in set(skipped)]
     ran: list[Cell] = []
     pack_path = None if pack is None else Path(pack)

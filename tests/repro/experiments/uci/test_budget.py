@@ -5,6 +5,7 @@ the other cells), provenance of new cell records, and packs folded back into a r
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from bootens_core.data import uci as uci_data
 from bootens_core.repro import cellpack, cli, config, harness
+from bootens_core.repro.config import LBFGSConfig, as_dict
 from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments import uci
 from bootens_core.repro.harness import CELL_FIELDS, Cell
@@ -322,6 +324,50 @@ def test_a_failing_cell_is_reported_and_the_others_go_on(tmp_path):
 # shards
 
 
+def _record(folder, cfg, cells_):
+    """A committed record folder: ``config.json`` of ``cfg`` and a ``cells.csv`` row per cell."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(as_dict(cfg)))
+    rows = [{"dataset": c.dataset, "split": c.split, "method": c.method.partition("-")[0],
+             "hidden_layers": int(c.method.partition("-")[2] or 0), "noise_var": 0.1, "noise_var_std_units": 0.01,
+             "test_rmse": 1.0, "test_mnll": 1.0, "coverage95": 0.95, "wall_s": 1.0, "diverged_particles": 0,
+             "n_components": 200, "selection": "validation"} for c in cells_]
+    (folder / "cells.csv").write_text(uci.cells_csv(rows))
+    return folder
+
+
+def test_recorded_cells_are_the_rows_made_at_these_settings(tmp_path):
+    cfg = _cfg(datasets=("boston", "yacht"), methods=("ensemble-1", "ensemble-4"), max_splits=3, workers=1)
+    same = _record(tmp_path / "uci", cfg, [Cell("boston", 0, "ensemble-1"), Cell("yacht", 1, "ensemble-4"),
+                                           Cell("yacht", 7, "ensemble-1"),  # a split outside max_splits
+                                           Cell("boston", 0, "mcd-4")])  # a method outside the selection
+    # another optimizer: its ensemble rows are other cells; its number of workers decides nothing
+    other = _record(tmp_path / "fixed", dataclasses.replace(cfg, lbfgs=LBFGSConfig(linesearch=None), workers=2),
+                    [Cell("boston", 1, "ensemble-1")])
+    assert uci.recorded_cells([same, other], cfg) == {Cell("boston", 0, "ensemble-1"), Cell("yacht", 1, "ensemble-4")}
+    assert uci.recorded_cells([other], dataclasses.replace(cfg, lbfgs=LBFGSConfig(linesearch=None))) == {
+        Cell("boston", 1, "ensemble-1")}
+    with pytest.raises(ValueError, match="--skip-recorded .*nowhere: no readable config.json"):
+        uci.recorded_cells([tmp_path / "nowhere"], cfg)
+
+
+def test_a_window_passes_over_the_recorded_cells(tmp_path):
+    cfg = _cfg(datasets=("boston", "yacht"), methods=("ensemble-1",), max_splits=3, workers=1)
+    held = {Cell("yacht", 0, "ensemble-1"), Cell("yacht", 1, "ensemble-1"), Cell("boston", 2, "ensemble-1")}
+    calls = []
+
+    def compute(cell):
+        calls.append(cell)
+        return _fake_record(cell, 1.0)
+
+    got = uci.run_pending(jax.random.key(cfg.seed), cfg, compute=compute, root=tmp_path / "cells", recorded=held)
+    assert set(calls) == set(uci.cells(cfg)) - held and got.remaining == []
+    assert "passed over 3 cell(s) that the records given already hold at these settings" in got.notes
+    # on the command line
+    rec = _record(tmp_path / "rec", UCIConfig.quick(), [Cell("boston", 0, "ensemble-1")])
+    assert uci.recorded_cells([rec], UCIConfig.quick()) == {Cell("boston", 0, "ensemble-1")}
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_shards_cover_every_cell_exactly_once(tmp_path, n):
     every = uci.priority(uci.cells(UCIConfig.paper()))
@@ -355,6 +401,7 @@ def test_bad_shard_is_one_line_and_exit_2(tmp_path, capsys, value):
     (["--pack", "cells.zip"], "a cell pack is a .tar.gz"),
     (["--pack-all"], "give --pack too"),
     (["--stored-only", "--shard", "0/2"], "--stored-only computes nothing"),
+    (["--skip-recorded", "/nonexistent-record"], "--skip-recorded /nonexistent-record: no readable config.json"),
 ])
 def test_bad_window_options_are_one_line(tmp_path, capsys, extra, message):
     assert cli.main(["run", "uci", "--quiet", "--out", str(tmp_path), *extra]) == 2
