@@ -23,7 +23,9 @@ Importing the package changes no JAX setting. Functions compute in the dtype the
 JAX's default float (float32, or float64 with JAX's 64-bit mode on; :func:`bootens_core.models.float_dtype`);
 asking for float64 while the mode is off raises an error. The reproduction compares against analytic
 posteriors in float64: its experiments require the mode, which the ``bootens`` command and every chapter
-switch on.
+switch on. They also ask for float32 matrix products in float32 (``jax_default_matmul_precision``
+``"highest"``): JAX's default on NVIDIA GPUs since Ampere is TF32, which no CPU uses, and a paper-scale record
+joins cells made on both. A library user on such a GPU chooses the same way, with that setting.
 """
 
 from __future__ import annotations
