@@ -155,8 +155,8 @@ def train(
 
     Args:
         key: PRNG key; split into the replicates' key and the (unperturbed-prior) initialisation key, of
-            which particle ``i`` uses ``fold_in(·, i)`` (:func:`bootens_core.perturb.particle_keys`): the first
-            ``k`` particles of a larger ensemble are the ``k``-particle ensemble.
+            which particle ``i`` uses ``fold_in(·, i)`` (:func:`bootens_core.perturb.particle_keys`): the
+            first ``k`` particles of a larger ensemble are the ``k``-particle ensemble.
         model: the model and its prior.
         x, y: training inputs ``(n,)``/``(n, d)`` and labels ``(n,)`` (``(n, C)`` for a model with ``C``
             outputs); validated by :func:`check_data`.

@@ -145,7 +145,8 @@ def _stored_result(mod, root, cfg, kept=()):
 
 def _scheduled_options(args: argparse.Namespace) -> bool:
     return any(v not in (None, False, []) for v in (args.time_budget, args.shard, args.pack, args.pack_all,
-                                                     args.cell_times, args.default_cell_s, args.skip_recorded))
+                                                     args.cell_times, args.default_cell_s,
+                                                     args.skip_recorded))
 
 
 def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:

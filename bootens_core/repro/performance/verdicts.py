@@ -64,12 +64,12 @@ def evaluate(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
         ok = all(r["roofline_fraction"] >= 0.5 for r in best.values())
         out["gpu"] = Text(f"{'met' if ok else 'not met'} (target 50%): " + "; ".join(parts))
     else:
-        held = [(lab, d) for lab, d in docs.items() if d["device"].get("platform") == "gpu"]
+        held = [lab for lab, d in docs.items() if d["device"].get("platform") == "gpu"]
         if held:
-            cut = [lab for lab, d in held if d.get("complete") is False]
+            cut = [lab for lab in held if docs[lab].get("complete") is False]
             out["gpu"] = Text(
                 "not measured: no 4-layer Protein row in the GPU benchmark record"
-                + ("s " if len(held) > 1 else " ") + ", ".join(lab for lab, _ in held)
+                + ("s " if len(held) > 1 else " ") + ", ".join(held)
                 + (f" ({', '.join(cut)}: cut off before it)" if cut else "")
             )
         else:

@@ -580,15 +580,16 @@ def recorded_cells(folders: Sequence[str | Path], cfg: UCIConfig) -> set[Cell]:
     """The cells of ``cfg`` that committed record folders already hold at ``cfg``'s settings: a row of a
     record's ``cells.csv`` counts when the record's ``config.json`` gives its method the same
     :func:`settings` as ``cfg`` (rows made at other settings, e.g. a faithful-optimizer record, do not).
-    :func:`run_pending` passes them over, so a window on another machine does not repeat them. A folder without
-    a readable ``cells.csv`` and ``config.json`` is a one-line ``ValueError``."""
+    :func:`run_pending` passes them over, so a window on another machine does not repeat them. A folder
+    without a readable ``cells.csv`` and ``config.json`` is a one-line ``ValueError``."""
     wanted = set(cells(cfg))
     out: set[Cell] = set()
     for folder in map(Path, folders):
         try:
             theirs = from_dict(UCIConfig, json.loads((folder / "config.json").read_text()))
         except (OSError, json.JSONDecodeError, TypeError, ValueError) as exc:
-            raise ValueError(f"--skip-recorded {folder}: no readable config.json of a UCI record ({exc})") from exc
+            raise ValueError(
+                f"--skip-recorded {folder}: no readable config.json of a UCI record ({exc})") from exc
         same: dict[str, bool] = {}
         for rec in record_cells(folder):
             cell = cell_of(rec)
@@ -779,7 +780,8 @@ def compare_with_paper(
                 "se_diff": nan, "t": nan, "df": nan, "p": nan, "verdict": "failed", "margin": None}
     mean = float(np.mean(v))
     if n < MIN_SPLITS:
-        return {**out, "mean": mean, "sd": float(np.std(v, ddof=1)) if n > 1 else nan, "se": nan, "diff": mean - paper_mean, "se_diff": nan, "t": nan,
+        sd = float(np.std(v, ddof=1)) if n > 1 else nan
+        return {**out, "mean": mean, "sd": sd, "se": nan, "diff": mean - paper_mean, "se_diff": nan, "t": nan,
                 "df": nan, "p": nan, "verdict": "too few splits", "margin": None}
     sd = float(np.std(v, ddof=1))
     se = sd / math.sqrt(n)
@@ -831,8 +833,9 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict
     """Paired comparison of ``a`` and ``b`` on the same splits (two-sided paired t-test at ``level``, as
     ``scipy.stats.ttest_rel``): the mean of ``d = a - b``, its standard error ``SD(d) / sqrt(n)`` (ddof 1),
     ``t``, ``df = n - 1``, ``p``; ``verdict`` ``better`` (a lower) / ``worse`` / ``no significant difference``,
-    ``too few splits`` below :data:`MIN_SPLITS` pairs (at 2 the test has one degree of freedom). ``z``: the signed normal quantile of ``p`` (positive when a is higher),
-    ``margin``: ``|z(p) - z(level)|``. All differences equal: ``p`` is 1 if they are 0, else 0."""
+    ``too few splits`` below :data:`MIN_SPLITS` pairs (at 2 the test has one degree of freedom). ``z``: the
+    signed normal quantile of ``p`` (positive when a is higher), ``margin``: ``|z(p) - z(level)|``. All
+    differences equal: ``p`` is 1 if they are 0, else 0."""
     from scipy import stats
 
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
@@ -1476,8 +1479,9 @@ def run_pending(
     t0 = clock() if start is None else float(start)
     all_cells = priority(cells(cfg))
     mine = cellpack.shard(all_cells, *shard)
-    held = [c for c in mine if c in set(recorded)]
-    mine = [c for c in mine if c not in set(held)]
+    recorded = set(recorded)
+    held = [c for c in mine if c in recorded]
+    mine = [c for c in mine if c not in recorded]
     root = Path(root) if root is not None else store_dir(key, cfg)
     cell_store = _CellStore(root, cfg)
     prov = _cell_provenance()
