@@ -130,16 +130,14 @@ def _configure(mod, args: argparse.Namespace):
 def _stored_result(mod, root, cfg, kept=()):
     """The result of the cells finished in the cell store ``root`` (what ``--stored-only`` writes): the summary
     lists the missing ones and the wall time is the cells' own; ``cell_devices`` counts the cells per device.
-    ``kept``: an earlier record's rows standing for cells not in the store (counted as "earlier record")."""
+    ``kept``: an earlier record's rows standing for cells not in the store (their ``device`` column says where
+    they ran)."""
     from . import store
 
     result = mod.from_cells(root, cfg, store.provenance(), kept)
     result.provenance["wall_time_s"] = result.summary["wall_s_cells_total"]
     result.provenance["assembled_from_stored_cells"] = True
-    devices = mod.cell_devices(root, cfg)
-    if result.summary.get("cells_kept"):
-        devices["earlier record"] = result.summary["cells_kept"]
-    result.provenance["cell_devices"] = devices
+    result.provenance["cell_devices"] = mod.cell_devices(mod.result_cells(result))
     return result
 
 

@@ -78,10 +78,16 @@ class Provenance:
         self.label = str(label)
 
     def summary(self) -> str:
-        """The one line: label, device, date and short commit (what is known of them)."""
+        """The one line: label, device, date and short commit (what is known of them). A record assembled from
+        stored cells (``cell_devices``: device -> cells) names where its cells ran before the machine that
+        assembled it."""
         device = self.prov.get("device") or {}
         kind = device.get("kind") if isinstance(device, Mapping) else device
         parts = [str(kind) if kind else "device not recorded"]
+        cells = self.prov.get("cell_devices")
+        if isinstance(cells, Mapping) and cells:
+            ran = ", ".join(f"{name} ({n})" for name, n in cells.items())
+            parts = [f"cells on {ran}; assembled on {parts[0]}"]
         when = str(self.prov.get("finished_utc") or self.prov.get("date") or "")[:10]
         if when:
             parts.append(when)

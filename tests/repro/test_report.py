@@ -64,5 +64,9 @@ def test_provenance_block_is_collapsed_and_complete():
     assert "<th style='text-align:left'>wall time (s)</th><td>3941.3</td>" in page  # seconds to 0.1 s
     assert "<td>&lt;b&gt;</td>" in page  # text escaped
     assert repr(report.Provenance({}, "x")) == "Provenance of the x: device not recorded"
+    folded = {"device": {"kind": "cpu"}, "cell_devices": {"NVIDIA H100": 7, "earlier record": 97},
+              "git_commit": "c02399d43fff"}
+    assert repr(report.Provenance(folded, "x")) == ("Provenance of the x: cells on NVIDIA H100 (7), earlier record "
+                                                    "(97); assembled on cpu, commit c02399d")
     with pytest.raises(TypeError, match="provenance mapping"):
         report.Provenance("cpu", "x")

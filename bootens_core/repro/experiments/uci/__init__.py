@@ -15,7 +15,7 @@ from .experiment import (
     PAPER_METHODS, PRIORITY_METHODS, PRIORITY_DATASETS, TRAIN_SHAPES, GP_SKIPPED, priority, cost_units,
     grid_batch, grid_batches, ensemble_optimizer, gp_available, reference_times, PendingRun, run_pending,
     FoldReport, fold, cell_devices, cell_of, lbfgs_label, lbfgs_variant_cells, settings, record_cells,
-    recorded_cells,
+    recorded_cells, pack_cells, repeated_cells, cell_device,
 )
 
 __all__ = [
@@ -27,5 +27,6 @@ __all__ = [
     "PRIORITY_METHODS", "PRIORITY_DATASETS", "TRAIN_SHAPES", "GP_SKIPPED", "priority", "cost_units",
     "grid_batch", "grid_batches", "ensemble_optimizer", "gp_available", "reference_times", "PendingRun",
     "run_pending", "FoldReport", "fold", "cell_devices", "cell_of", "lbfgs_label", "lbfgs_variant_cells",
-    "settings", "record_cells", "recorded_cells", "figures", "verdicts",
+    "settings", "record_cells", "recorded_cells", "pack_cells", "repeated_cells", "cell_device",
+    "figures", "verdicts",
 ]

@@ -126,6 +126,9 @@ __all__ = [
     "settings",
     "record_cells",
     "recorded_cells",
+    "pack_cells",
+    "repeated_cells",
+    "cell_device",
 ]
 
 NAME = "uci"
@@ -602,6 +605,59 @@ def recorded_cells(folders: Sequence[str | Path], cfg: UCIConfig) -> set[Cell]:
     return out
 
 
+def pack_cells(
+    *paths: str | Path, datasets: Iterable[str] | None = None, methods: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
+    """The cell records of cell packs (:func:`bootens_core.repro.cellpack.read_pack`), in the packs' order, each
+    with its own ``provenance``; ``datasets`` and ``methods`` (method ids, e.g. ``ensemble-1``) keep only those.
+    A pack that is unreadable, or holds a record that is not a UCI cell, is a one-line ``ValueError`` naming
+    it."""
+    keep_ds = None if datasets is None else set(datasets)
+    keep_m = None if methods is None else set(methods)
+    out = []
+    for path in paths:
+        _, members = cellpack.read_pack(path)
+        for name, rec in members.items():
+            try:
+                cell = cell_of(rec)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"cell pack {path}, {name}: not a UCI cell record ({exc})") from exc
+            if (keep_ds is None or cell.dataset in keep_ds) and (keep_m is None or cell.method in keep_m):
+                out.append(rec)
+    return out
+
+
+def repeated_cells(
+    reference: Sequence[Mapping[str, Any]],
+    repeats: Mapping[str, Sequence[Mapping[str, Any]]],
+    metrics: Sequence[str] = ("rmse", "mnll"),
+    level: float = LEVEL,
+) -> list[dict[str, Any]]:
+    """The same cells computed again (on another device, say) against a reference, split by split.
+
+    ``reference``: cell records (a record's :func:`record_cells`); ``repeats``: label -> cell records of the
+    same cells computed elsewhere (:func:`pack_cells`). Per label, dataset, method id and metric, on the splits
+    both hold with finite values: :func:`paired` with ``a`` the repeat (``diff`` = repeat - reference, ``worse``
+    = a higher error for the repeat), ``splits`` and ``higher`` (splits where the repeat is higher). A
+    (dataset, method) the reference lacks is a ``ValueError``: a repeat needs something to be compared with.
+    """
+    rows = []
+    for label, recs in repeats.items():
+        for metric in metrics:
+            ref, rep = _split_values(reference, metric), _split_values(recs, metric)
+            for (ds, mid), theirs in rep.items():
+                if (ds, mid) not in ref:
+                    raise ValueError(f"repeated cells {label!r}: the reference holds no {ds}/{mid} cell")
+                ours = ref[(ds, mid)]
+                ok = [s for s in sorted(set(theirs) & set(ours))
+                      if math.isfinite(theirs[s]) and math.isfinite(ours[s])]
+                res = paired([theirs[s] for s in ok], [ours[s] for s in ok], level)
+                higher = sum(theirs[s] > ours[s] for s in ok)
+                rows.append({"label": label, "dataset": ds, "method": mid, "metric": metric, "splits": ok,
+                             "higher": higher, **res})
+    return rows
+
+
 def result_cells(result: store.Result) -> list[dict[str, Any]]:
     """The cells of a UCI result (its ``cells.csv``), as :func:`record_cells` reads them."""
     return _parse_cells(result.files["cells.csv"], f"{result.name} result")
@@ -1063,13 +1119,26 @@ def summarise(records: list[dict[str, Any]], cfg: UCIConfig, level: float = LEVE
     }
 
 
+def cell_device(record: Mapping[str, Any]) -> str:
+    """Where a cell record was computed: its ``device`` (a ``cells.csv`` row), else the device kind of its
+    ``provenance`` (a stored cell), else ``""`` (not recorded)."""
+    if record.get("device"):
+        return str(record["device"])
+    prov = record.get("provenance")
+    device = prov.get("device") if isinstance(prov, Mapping) else None
+    return str(device.get("kind") or "") if isinstance(device, Mapping) else ""
+
+
 def cells_csv(records: list[dict[str, Any]]) -> str:
-    """``cells.csv``: one row per dataset x split x method with the :data:`~bootens_core.repro.harness.CELL_FIELDS`."""
+    """``cells.csv``: one row per dataset x split x method with the :data:`~bootens_core.repro.harness.CELL_FIELDS`
+    and ``device`` (:func:`cell_device`), so that a record extended later still says where each cell ran."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(harness.CELL_FIELDS), extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=[*harness.CELL_FIELDS, "device"], extrasaction="ignore",
+                       lineterminator="\n")
     w.writeheader()
     for r in records:
-        w.writerow({k: (f"{float(r[k]):.6g}" if isinstance(r[k], float) else r[k]) for k in harness.CELL_FIELDS})
+        row = {k: (f"{float(r[k]):.6g}" if isinstance(r[k], float) else r[k]) for k in harness.CELL_FIELDS}
+        w.writerow({**row, "device": cell_device(r)})
     return buf.getvalue()
 
 
@@ -1387,9 +1456,11 @@ def reference_times(paths: Sequence[str | Path]) -> list[cellpack.Measurement]:
 
 
 def _cell_provenance() -> dict[str, Any]:
-    """What every cell computed in this process carries: device, versions, git commit, source hash, Python."""
+    """What every cell computed in this process carries: device, float32 matmul precision, versions, git
+    commit, source hash, Python."""
     prov = store.provenance()
-    return {k: prov[k] for k in ("device", "versions", "git_commit", "source_hash", "python", "machine")}
+    return {k: prov[k] for k in ("device", "matmul_precision", "versions", "git_commit", "source_hash", "python",
+                                 "machine")}
 
 
 def _timed_cell(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cell: Cell) -> dict[str, Any]:
@@ -1622,16 +1693,11 @@ def fold(
                       [str(p) for p in packs])
 
 
-def cell_devices(directory: str | Path, cfg: UCIConfig) -> dict[str, int]:
-    """How many stored cells of ``cfg`` in the cell store ``directory`` were made on each device kind (the
-    ``provenance`` of their records; ``"not recorded"`` for cells made before records carried it)."""
+def cell_devices(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many cell records (stored cells or ``cells.csv`` rows) were made on each device (:func:`cell_device`;
+    ``"not recorded"`` for cells made before records carried it), sorted by device."""
     counts: dict[str, int] = {}
-    cell_store = _CellStore(directory, cfg)
-    for cell in cells(cfg):
-        rec = cell_store.get(cell)
-        if rec is not None:
-            prov = rec.get("provenance")
-            kind = (prov.get("device") or {}).get("kind") if isinstance(prov, dict) else None
-            kind = kind or "not recorded"
-            counts[kind] = counts.get(kind, 0) + 1
+    for rec in records:
+        kind = cell_device(rec) or "not recorded"
+        counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(counts.items()))

@@ -21,6 +21,7 @@ __all__ = [
     "PENDING", "TABLE1", "TABLES23", "table", "size", "evaluate", "coverage", "runs", "lbfgs_variants",
     "noise_selection", "sghmc_study", "SCALE_FIELDS", "paper_scale", "lbfgs_summary", "paired", "ranking",
     "claim", "published", "gaussian_mnll", "mnll_excess", "published_sources",
+    "repeats",
 ]
 
 
@@ -344,6 +345,34 @@ def paired(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> pd.Data
     cols = ["dataset", "metric", "ensemble", "baseline", "splits", "ensemble − baseline", "t (df)", "p",
             "ensemble is"]
     return pd.DataFrame(rows, columns=cols).set_index(["dataset", "metric", "ensemble", "baseline"])
+
+
+def repeats(
+    reference: Sequence[Mapping[str, Any]],
+    repeated: Mapping[str, Sequence[Mapping[str, Any]]],
+    level: float = 0.05,
+) -> pd.DataFrame:
+    """The same cells computed again against a reference record, split by split
+    (:func:`bootens_core.repro.experiments.uci.repeated_cells`): per repeat (e.g. the device and its float32
+    products), dataset, method and metric the common splits, on how many the repeat is higher, the mean of
+    (repeat − reference) ± its SE over splits, the paired t (df), its two-sided p-value and what the repeat is
+    at ``level`` (``better`` = lower error than the reference)."""
+
+    rows = []
+    for r in experiment.repeated_cells(reference, repeated, level=level):
+        ok = np.isfinite(r["se"])
+        rows.append({
+            "repeat": r["label"], "dataset": r["dataset"], "method": _label(r["method"]),
+            "metric": r["metric"].upper(), "splits": r["n"], "higher on": f"{r['higher']} of {r['n']}",
+            "repeat − reference": (f"{report.sig(r['diff'])} ± {report.sig(r['se'], 2)}" if ok else
+                                   (report.sig(r["diff"]) if np.isfinite(r["diff"]) else "—")),
+            "t (df)": f"{r['t']:.2f} ({r['df']})" if ok else "—",
+            "p": f"{r['p']:.3g}" if np.isfinite(r["p"]) else "—",
+            "repeat is": r["verdict"],
+        })
+    cols = ["repeat", "dataset", "method", "metric", "splits", "higher on", "repeat − reference", "t (df)", "p",
+            "repeat is"]
+    return pd.DataFrame(rows, columns=cols).set_index(["repeat", "dataset", "method", "metric"])
 
 
 def ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

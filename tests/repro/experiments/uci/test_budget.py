@@ -557,7 +557,7 @@ def test_fold_keeps_the_records_own_cells(blocked_run, tmp_path, monkeypatch, ca
     argv = ["fold-cells", str(blocked_run["pack"]), *TINY, "--quiet", "--into", str(into)]
     assert cli.main(argv) == 0
     capsys.readouterr()
-    gp_row = _fake_record(Cell("yacht", 0, "gp"), 1.5)
+    gp_row = _fake_record(Cell("yacht", 0, "gp"), 1.5, device="another GPU")
     gp_row.update(test_rmse=0.75, test_mnll=1.25)
     table = into / "cells.csv"
     table.write_text(table.read_text() + uci.cells_csv([gp_row]).splitlines()[1] + "\n")
@@ -571,7 +571,16 @@ def test_fold_keeps_the_records_own_cells(blocked_run, tmp_path, monkeypatch, ca
     gp = [r for r in summary["rows"] if r["method"] == "gp" and r["metric"] == "rmse"]
     assert gp[0]["mean"] == 0.75
     prov = json.loads((into / "provenance.json").read_text())
-    assert prov["cell_devices"] == {DEVICE: 3, "earlier record": 1}
+    assert prov["cell_devices"] == {DEVICE: 3, "another GPU": 1}  # a kept row keeps its device
+    assert [r["device"] for r in uci.record_cells(into)].count("another GPU") == 1
+    # A record written before cells.csv had the device column: its kept rows are "not recorded".
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-3"))
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    prov = json.loads((into / "provenance.json").read_text())
+    assert prov["cell_devices"] == {DEVICE: 3, "not recorded": 1}
     # A record made with other settings is rewritten, not extended.
     old = json.loads((into / "config.json").read_text())
     (into / "config.json").write_text(json.dumps({**old, "n_particles": 7}))

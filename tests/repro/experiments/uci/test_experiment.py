@@ -210,15 +210,19 @@ def test_cells_csv():
                                                     "hidden_layers": 1, "selection": "x", "val_mnll": [1.0]}
                for i in range(3)]
     records[1]["test_mnll"] = 1 / 3
+    records[0]["provenance"] = {"device": {"kind": "NVIDIA H100"}}  # a stored cell names its device
+    records[2]["device"] = "cpu"  # a row read back from a cells.csv keeps its own
     text = experiment.cells_csv(records)
     lines = text.splitlines()
-    assert lines[0] == ",".join(CELL_FIELDS)
+    assert lines[0] == ",".join(CELL_FIELDS) + ",device"
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert len(rows) == 3 and list(rows[0]) == list(CELL_FIELDS)  # extra keys (val_mnll) left out
+    assert len(rows) == 3 and list(rows[0]) == [*CELL_FIELDS, "device"]  # extra keys (val_mnll) left out
+    assert [r["device"] for r in rows] == ["NVIDIA H100", "", "cpu"]
+    assert experiment.cell_devices(rows) == {"NVIDIA H100": 1, "cpu": 1, "not recorded": 1}
     assert [int(r["split"]) for r in rows] == [0, 1, 2]
     assert float(rows[1]["test_mnll"]) == pytest.approx(1 / 3, rel=1e-5)
     assert float(rows[2]["test_rmse"]) == 2.5
-    assert experiment.cells_csv([]).splitlines() == [",".join(CELL_FIELDS)]
+    assert experiment.cells_csv([]).splitlines() == [",".join(CELL_FIELDS) + ",device"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -281,7 +285,8 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
             + summary["cells_failed"] + summary["cells_too_few"]) == 2
 
     cells = list(csv.DictReader(io.StringIO((out / "uci" / "cells.csv").read_text())))
-    assert len(cells) == 1 and list(cells[0]) == list(CELL_FIELDS)
+    assert len(cells) == 1 and list(cells[0]) == [*CELL_FIELDS, "device"]
+    assert cells[0]["device"] == jax.devices()[0].device_kind  # where the cell ran
     assert (cells[0]["dataset"], cells[0]["split"], cells[0]["method"]) == ("yacht", "0", "ensemble")
     assert float(cells[0]["noise_var_std_units"]) in (0.01, 0.1)
     assert store.load(out / "uci").files["cells.csv"] == (out / "uci" / "cells.csv").read_text()

@@ -7,6 +7,7 @@ rule that judges the paper's comparative claim.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -164,6 +165,47 @@ def test_report_paired_table_carries_the_tests():
     ref = stats.ttest_rel([1.0, 1.2, 0.9, 1.1], [1.5, 1.6, 1.4, 1.7])
     assert row["ensemble is"] == "better" and row["p"] == f"{ref.pvalue:.3g}" and row["splits"] == 4
     assert row["t (df)"] == f"{ref.statistic:.2f} (3)"
+
+
+def test_repeated_cells_pair_the_repeat_with_the_reference():
+    ref = _cells({("yacht", "ensemble-1"): [1.0, 1.2, 0.9, 1.1, 0.8], ("boston", "gp"): [3.0, 3.1, 2.9]})
+    rep = _cells({("yacht", "ensemble-1"): [1.1, 1.3, math.nan, 1.0, None, 2.0]})  # split 5: not in the reference
+    rows = uci.repeated_cells(ref, {"GPU": rep}, metrics=("rmse",))
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["label"], r["dataset"], r["method"], r["splits"], r["higher"]) == ("GPU", "yacht", "ensemble-1",
+                                                                                 [0, 1, 3], 2)
+    t = stats.ttest_rel([1.1, 1.3, 1.0], [1.0, 1.2, 1.1])  # repeat first: diff = repeat - reference
+    assert r["t"] == pytest.approx(t.statistic) and r["p"] == pytest.approx(t.pvalue)
+    assert r["diff"] == pytest.approx((0.1 + 0.1 - 0.1) / 3)
+    with pytest.raises(ValueError, match="reference holds no boston/mcd-1"):
+        uci.repeated_cells(ref, {"GPU": _cells({("boston", "mcd-1"): [1.0]})})
+
+
+def test_report_repeats_table():
+    ref = _cells({("yacht", "ensemble-1"): [1.0, 1.2, 0.9, 1.1]})
+    rep = _cells({("yacht", "ensemble-1"): [1.3, 1.4, 1.2, 1.5]})
+    t = uci.verdicts.repeats(ref, {"TF32": rep})
+    row = t.loc[("TF32", "yacht", "Ensemble 1-layer", "MNLL")]
+    ref_t = stats.ttest_rel([2.3, 2.4, 2.2, 2.5], [2.0, 2.2, 1.9, 2.1])
+    assert row["repeat is"] == "worse" and row["higher on"] == "4 of 4" and row["p"] == f"{ref_t.pvalue:.3g}"
+
+
+def test_pack_cells_reads_and_filters_packs(tmp_path):
+    from bootens_core.repro import cellpack
+
+    cells = _cells({("yacht", "ensemble-1"): [1.0, 1.1], ("yacht", "gp"): [2.0]})
+    files = {f"{c['dataset']}/{c['method']}-{c['hidden_layers']}/split-{c['split']}.json":
+             json.dumps(c).encode() for c in cells}
+    pack = cellpack.write_pack(tmp_path / "cells.tar.gz", files, {"format": cellpack.PACK_FORMAT})
+    assert len(uci.pack_cells(pack)) == 3
+    got = uci.pack_cells(pack, methods=["ensemble-1"])
+    assert sorted(c["split"] for c in got) == [0, 1] and {c["method"] for c in got} == {"ensemble"}
+    assert uci.pack_cells(pack, datasets=["boston"]) == []
+    bad = cellpack.write_pack(tmp_path / "bad.tar.gz", {"x/split-0.json": b'{"dataset": "yacht"}'},
+                              {"format": cellpack.PACK_FORMAT})
+    with pytest.raises(ValueError, match="bad.tar.gz, x/split-0.json: not a UCI cell record"):
+        uci.pack_cells(bad)
 
 
 # --------------------------------------------------------------------------------------------------------------
