@@ -88,26 +88,28 @@ _RUNNERS = ProgramCache()
 
 
 def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool,
-                  noise_axis: int | None = None):
+                  noise_axis: int | None = None, particle_batch: int | None = None):
     """The compiled scan driver, cached by what decides it: the model's and optimizer's program keys, the
-    record function, snapshots and the noise axis.
+    record function, snapshots, the noise axis and the particle batch.
 
     Data, labels, replicates and the noise variance are arguments, so repeated calls (a grid search over
     ``noise_var``, one call per split, equal models built anew) reuse one compilation per data shape.
     """
-    cache_key = (program_key(model), opt.program_key(), record, with_snapshots, noise_axis)
-    return _RUNNERS.get(cache_key, lambda: _make_chunk_runner(model, opt, record, with_snapshots, noise_axis))
+    cache_key = (program_key(model), opt.program_key(), record, with_snapshots, noise_axis, particle_batch)
+    return _RUNNERS.get(cache_key, lambda: _make_chunk_runner(model, opt, record, with_snapshots, noise_axis,
+                                                              particle_batch))
 
 
 def _make_chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool,
-                       noise_axis: int | None = None):
+                       noise_axis: int | None = None, particle_batch: int | None = None):
     def run_chunk(state, buf, x, noise_var, slots, valid):
         def body(carry, inp):
             state, buf = carry
             slot, ok = inp
 
             def advance(s):
-                s, info = step(s, model, opt, x, noise_var, noise_per_particle=noise_axis is not None)
+                s, info = step(s, model, opt, x, noise_var, noise_per_particle=noise_axis is not None,
+                               particle_batch=particle_batch)
                 return s, info.loss
 
             def hold(s):
@@ -150,6 +152,7 @@ def train(
     progress: bool | str = False,
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
+    particle_batch: int | None = None,
 ) -> EnsembleResult:
     """Run Algorithm 1 on ``n_particles`` particles for ``steps`` optimizer steps.
 
@@ -182,6 +185,8 @@ def train(
             to a multiple of the device count with copies of particle 0 (dropped from the results), which
             ``record`` would see: with ``record``, ``k`` must divide evenly. The particles equal the
             unsharded run's.
+        particle_batch: step the particles this many at a time (:func:`step`) instead of all in one
+            ``vmap``; the same particles up to float rounding (``None``, the default: all at once).
     """
     if on_diverged not in ("raise", "report"):
         raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
@@ -203,7 +208,7 @@ def train(
     )
 
     run = _drive(model, opt, state, x, noise_var, steps=steps, snaps=snaps, record=record,
-                 progress=progress, n_chunks=n_chunks, shard=shard)
+                 progress=progress, n_chunks=n_chunks, shard=shard, particle_batch=particle_batch)
     if run.diverged.any() and on_diverged == "raise":
         raise _diverged_error(run.diverged, run.loss, steps, opt)
     return EnsembleResult(
@@ -254,6 +259,7 @@ def _drive(
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
     noise_axis: int | None = None,
+    particle_batch: int | None = None,
 ) -> _Run:
     """Run ``steps`` steps of every particle of ``state`` (the scan in chunks, sharding, snapshots, records)."""
     init_params = state.params
@@ -299,7 +305,7 @@ def _drive(
         if mesh is not None:
             buf = place(gather(buf), NamedSharding(mesh, P(None, "particles")))
 
-    runner = _chunk_runner(model, opt, record, with_snapshots, noise_axis)
+    runner = _chunk_runner(model, opt, record, with_snapshots, noise_axis, particle_batch)
 
     def advance(carry, chunk_slots, chunk_valid):
         state, buf, loss, rec = runner(*carry, x, noise_var, chunk_slots, chunk_valid)
@@ -353,6 +359,7 @@ def train_grid(
     progress: bool | str = False,
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
+    particle_batch: int | None = None,
 ) -> list[EnsembleResult]:
     """Algorithm 1 for every ``sigma^2`` of ``noise_grid`` at once: ``len(noise_grid) * n_particles`` particles
     in one batch, particle block ``g`` seeing ``noise_grid[g]``.
@@ -363,7 +370,8 @@ def train_grid(
     (one compiled program for the whole grid instead of one call per value: on an accelerator the grid costs
     about one call's time while the batch fits the device). Returns one :class:`EnsembleResult` per grid value,
     in grid order (no snapshots or records). ``noise_grid``: positive finite scalars. Other arguments as
-    :func:`train`; ``on_diverged="raise"`` names the grid values whose particles diverged.
+    :func:`train` (``particle_batch`` groups the whole batch of ``len(noise_grid) * n_particles``);
+    ``on_diverged="raise"`` names the grid values whose particles diverged.
     """
     if on_diverged not in ("raise", "report"):
         raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
@@ -384,7 +392,7 @@ def train_grid(
                                 *[(b.params, b.opt_state, b.perturbation) for b in blocks]), blocks[0].step)
     noise_var = jnp.repeat(jnp.asarray(grid, dtype), k)
     run = _drive(model, opt, state, x, noise_var, steps=steps, progress=progress, n_chunks=n_chunks,
-                 shard=shard, noise_axis=0)
+                 shard=shard, noise_axis=0, particle_batch=particle_batch)
     if run.diverged.any() and on_diverged == "raise":
         bad = sorted({float(grid[i // k]) for i in np.nonzero(run.diverged)[0]})
         raise _diverged_error(run.diverged, run.loss, steps, opt, where=f" (at sigma^2 {', '.join(f'{v:g}' for v in bad)})")

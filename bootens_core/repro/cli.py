@@ -371,6 +371,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.case == "uci-cell":
         return _bench_uci_cell(args)
+    if args.case == "particle-batch":
+        return _bench_particle_batch(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -449,6 +451,38 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
                   f"cold {r['cold_s']:.1f} s, warm {r['warm_s']:.1f} s, compile {r['compile_s']:.1f} s, "
                   f"{r['flops_per_s']:.3g} FLOP/s ({r['roofline_fraction']:.1%} of roofline), "
                   f"{r['diverged_particles']} diverged")
+    print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _bench_particle_batch(args: argparse.Namespace) -> int:
+    """``bootens bench --case particle-batch``: particles stepped in groups against all at once ->
+    OUT/particle-batch.json."""
+    from pathlib import Path
+
+    import jax
+
+    from .performance import bench
+
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    k = int(args.k[0]) if args.k else 200
+    try:
+        doc = bench.measure_particle_batches(
+            jax.random.key(0), args.datasets or ["boston"], args.models or [1], k, args.particle_batches,
+            steps=args.steps or 20, repeats=args.repeats or 5, max_rows=args.max_rows or 0)
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    out = _write_json(Path(args.out) / "particle-batch.json", doc)
+    if not args.quiet:
+        for r in doc["rows"]:
+            batch = "all" if r["particle_batch"] is None else r["particle_batch"]
+            print(f"{r['dataset']:<8} {r['hidden_layers']} layer(s) {r['optimizer']:<10} k={r['k']} batch {batch:>4}: "
+                  f"{r['seconds']['median']:.3f} s (IQR {r['seconds']['q25']:.3f}-{r['seconds']['q75']:.3f}), "
+                  f"x{r['speedup']:.2f}, max |diff| {r['max_abs_diff']:.1e}")
     print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
@@ -543,13 +577,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
-    p_bench.add_argument("--case", choices=["throughput", "uci-cell"], default="throughput",
+    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch"], default="throughput",
                          help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
                               "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
                               "--steps as L-BFGS steps) timed cold and warm, one sigma^2 at a time and in "
-                              "batches (uci-cell.json)")
+                              "batches (uci-cell.json); particle-batch: the particles stepped in groups of "
+                              "--particle-batches against all at once, Adam and line-search L-BFGS "
+                              "(particle-batch.json; --k as particles, default 200)")
     p_bench.add_argument("--grid-batches", type=int, nargs="+", default=[1, 0],
                          help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic)")
+    p_bench.add_argument("--particle-batches", type=int, nargs="+", default=[10, 20, 50],
+                         help="particle-batch: group sizes timed against all particles at once")
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
     p_bench.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)

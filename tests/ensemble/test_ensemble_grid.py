@@ -64,3 +64,37 @@ def test_diverged_grid_values_are_named():
     with pytest.raises(ensemble.DivergedParticlesError, match="sigma\\^2"):
         ensemble.train_grid(jax.random.key(0), models.mlp(3, (8,), "relu"), x, y, noise_grid=(1e-6, 1.0),
                             n_particles=2, opt=ensemble.optimizer("sgd", 1e3), steps=30)
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [ensemble.optimizer("adam", 1e-2), ensemble.optimizer("lbfgs", 0.5, memory_size=10, linesearch="zoom")],
+    ids=["adam", "lbfgs-zoom"],
+)
+def test_particle_batches_give_the_same_particles(opt):
+    # Stepping the particles in groups (lax.map over groups of 3, the 7th particle alone) is the same
+    # computation per particle as one vmap over all 7: equal to float64 rounding, in train and train_grid.
+    x, y = _problem()
+    model = models.mlp(3, (8,), "relu")
+    key = jax.random.key(5)
+    kw = dict(n_particles=7, opt=opt, steps=10, dtype=jnp.float64)
+    whole = ensemble.train(key, model, x, y, noise_var=0.05, **kw)
+    grouped = ensemble.train(key, model, x, y, noise_var=0.05, particle_batch=3, **kw)
+    for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(grouped.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(grouped.loss, whole.loss, rtol=1e-9)
+    grid_whole = ensemble.train_grid(key, model, x, y, noise_grid=(1e-2, 1e-1), **kw)
+    grid_grouped = ensemble.train_grid(key, model, x, y, noise_grid=(1e-2, 1e-1), particle_batch=4, **kw)
+    for rw, rg in zip(grid_whole, grid_grouped, strict=True):
+        np.testing.assert_allclose(rg.loss, rw.loss, rtol=1e-9)
+    # A batch larger than the ensemble is one group.
+    big = ensemble.train(key, model, x, y, noise_var=0.05, particle_batch=50, **kw)
+    np.testing.assert_allclose(big.loss, whole.loss, rtol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True])
+def test_bad_particle_batch_is_one_clear_error(bad):
+    x, y = _problem()
+    with pytest.raises(ValueError, match="particle_batch must be a positive integer"):
+        ensemble.train(jax.random.key(0), models.mlp(3, (4,), "relu"), x, y, noise_var=0.1, n_particles=2,
+                       opt=ensemble.optimizer("adam", 1e-2), steps=2, particle_batch=bad)

@@ -60,6 +60,7 @@ __all__ = [
     "measure",
     "uci_cell_flops",
     "measure_uci_cell",
+    "measure_particle_batches",
     "run",
     "load_records",
     "ROW_KEYS",
@@ -629,6 +630,62 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
         "rows": rows,
         "wall_s": time.perf_counter() - start,
     }
+
+
+def measure_particle_batches(
+    key: jax.Array, datasets: Sequence[str], hidden_layers: Sequence[int], k: int, batches: Sequence[int],
+    steps: int = 20, repeats: int = 5, max_rows: int = 0,
+) -> dict[str, Any]:
+    """Particles stepped in groups against all at once (``bootens bench --case particle-batch``): the
+    ``particle-batch.json`` document.
+
+    For every dataset shape (:data:`SHAPES`, synthetic float64 data, ``max_rows`` > 0 caps the rows) x hidden
+    layers x optimizer (Adam, and optax's L-BFGS with the zoom line search of the UCI profiles) the same
+    ``k`` particles take ``steps`` steps of :func:`bootens_core.ensemble.step` in one jitted ``lax.scan``, with
+    ``particle_batch`` None (one ``vmap`` over all ``k``) and each of ``batches``; ``seconds`` is the spread
+    of ``repeats`` timed calls after a compiling one, ``speedup`` the all-at-once median over this one, in
+    the same process, and ``max_abs_diff`` the largest difference of the final particles from the
+    all-at-once ones (the same computation up to float rounding).
+    """
+    if k < 1 or steps < 1 or repeats < 1 or any(int(b) < 1 for b in batches):
+        raise ValueError(f"need k, steps, repeats and every batch >= 1, got k={k}, steps={steps}, "
+                         f"repeats={repeats}, batches={list(batches)}")
+    unknown = [d for d in datasets if d not in SHAPES]
+    if unknown:
+        raise ValueError(f"unknown dataset shape(s) {unknown}; known: {', '.join(SHAPES)}")
+    require_x64("particle-batch bench")
+    start = time.perf_counter()
+    opts = {"adam": ensemble.optimizer("adam", 1e-3),
+            "lbfgs-zoom": ensemble.optimizer("lbfgs", 0.5, memory_size=10, linesearch="zoom")}
+    rows = []
+    for ds in datasets:
+        in_dim, n = SHAPES[ds]
+        n = min(n, max_rows) if max_rows else n
+        k_x, k_y, k_init = jax.random.split(jax.random.fold_in(key, len(rows)), 3)
+        x = jax.random.normal(k_x, (n, in_dim), jnp.float64)
+        y = jax.random.normal(k_y, (n,), jnp.float64)
+        for layers in hidden_layers:
+            model = models.mlp(in_dim, (50,) * int(layers), "relu")
+            for name, opt in opts.items():
+                state = ensemble.init(k_init, model, y, 0.1, int(k), opt)
+                results: dict[int | None, tuple[dict[str, float], Any]] = {}
+                for b in (None, *map(int, batches)):
+                    def go(state, b=b):
+                        return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, 0.1, particle_batch=b)[0],
+                                                          None), state, None, length=steps)[0]
+                    fn = jax.jit(go)
+                    _, times = _time(lambda: fn(state), repeats)
+                    results[b] = (spread(times), fn(state).params)
+                base = results[None][0]["median"]
+                for b, (sec, params) in results.items():
+                    diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in
+                               zip(jax.tree.leaves(params), jax.tree.leaves(results[None][1]), strict=True))
+                    rows.append({"dataset": ds, "hidden_layers": int(layers), "optimizer": name, "k": int(k),
+                                 "n": int(n), "steps": int(steps), "particle_batch": b, "seconds": sec,
+                                 "speedup": base / sec["median"], "max_abs_diff": diff})
+    prov = store.provenance()
+    return {"case": "particle-batch", "rows": rows, "device": _device_info(prov, _device_memory()),
+            "provenance": prov, "wall_s": time.perf_counter() - start}
 
 
 def _shard_problem(p: dict[str, Any], mesh: Any) -> dict[str, Any]:

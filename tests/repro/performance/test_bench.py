@@ -252,3 +252,28 @@ def test_cli_bench_uci_cell_bad_input(tmp_path: Path, capsys):
     assert "uci-cell datasets must be among" in capsys.readouterr().err
     assert cli.main(["bench", "--case", "uci-cell", "--models", "2", "--quiet", "--out", str(tmp_path)]) == 2
     assert "hidden layers must be 1 or 4" in capsys.readouterr().err
+
+
+def test_cli_bench_particle_batch(tmp_path: Path, capsys):
+    # 7 particles in groups of 3 (two groups and a remainder) against all at once: one row per optimizer and
+    # batch, the all-at-once row is the unit of speed, and the particles agree to float64 rounding.
+    code = cli.main(["bench", "--case", "particle-batch", "--datasets", "boston", "--models", "1", "--k", "7",
+                     "--max-rows", "30", "--steps", "3", "--repeats", "2", "--particle-batches", "3",
+                     "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "particle-batch.json").read_text())
+    assert doc["case"] == "particle-batch" and doc["device"]["platform"] == jax.devices()[0].platform
+    rows = {(r["optimizer"], r["particle_batch"]): r for r in doc["rows"]}
+    assert set(rows) == {("adam", None), ("adam", 3), ("lbfgs-zoom", None), ("lbfgs-zoom", 3)}
+    for (name, batch), r in rows.items():
+        base = rows[(name, None)]["seconds"]["median"]
+        assert r["speedup"] == pytest.approx(base / r["seconds"]["median"])
+        assert (r["k"], r["n"], r["steps"]) == (7, 30, 3)
+        assert r["max_abs_diff"] < 1e-10
+    assert "batch    3" in capsys.readouterr().out
+    assert cli.main(["bench", "--case", "particle-batch", "--datasets", "mnist", "--quiet",
+                     "--out", str(tmp_path)]) == 2
+    assert "unknown dataset shape" in capsys.readouterr().err
+    assert cli.main(["bench", "--case", "particle-batch", "--particle-batches", "0", "--quiet",
+                     "--out", str(tmp_path)]) == 2
+    assert "every batch >= 1" in capsys.readouterr().err
