@@ -78,12 +78,12 @@ def test_particle_batches_give_the_same_particles(opt):
     model = models.mlp(3, (8,), "relu")
     key = jax.random.key(5)
     kw = dict(n_particles=7, opt=opt, steps=10, dtype=jnp.float64)
-    whole = ensemble.train(key, model, x, y, noise_var=0.05, **kw)
+    whole = ensemble.train(key, model, x, y, noise_var=0.05, particle_batch=None, **kw)
     grouped = ensemble.train(key, model, x, y, noise_var=0.05, particle_batch=3, **kw)
     for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(grouped.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(grouped.loss, whole.loss, rtol=1e-9)
-    grid_whole = ensemble.train_grid(key, model, x, y, noise_grid=(1e-2, 1e-1), **kw)
+    grid_whole = ensemble.train_grid(key, model, x, y, noise_grid=(1e-2, 1e-1), particle_batch=None, **kw)
     grid_grouped = ensemble.train_grid(key, model, x, y, noise_grid=(1e-2, 1e-1), particle_batch=4, **kw)
     for rw, rg in zip(grid_whole, grid_grouped, strict=True):
         np.testing.assert_allclose(rg.loss, rw.loss, rtol=1e-9)
@@ -98,3 +98,18 @@ def test_bad_particle_batch_is_one_clear_error(bad):
     with pytest.raises(ValueError, match="particle_batch must be a positive integer"):
         ensemble.train(jax.random.key(0), models.mlp(3, (4,), "relu"), x, y, noise_var=0.1, n_particles=2,
                        opt=ensemble.optimizer("adam", 1e-2), steps=2, particle_batch=bad)
+
+
+def test_the_default_particle_batch_is_measured_per_platform():
+    # "auto": groups of CPU_PARTICLE_BATCH on a CPU (bootens bench --case particle-batch), all at once on an
+    # accelerator; on this machine the default run is the run with that batch, exactly.
+    assert ensemble.default_particle_batch("cpu") == ensemble.CPU_PARTICLE_BATCH == 10
+    assert ensemble.default_particle_batch("gpu") is None and ensemble.default_particle_batch("tpu") is None
+    x, y = _problem()
+    kw = dict(noise_var=0.05, n_particles=12, opt=ensemble.optimizer("adam", 1e-2), steps=5, dtype=jnp.float64)
+    model = models.mlp(3, (4,), "relu")
+    auto = ensemble.train(jax.random.key(2), model, x, y, **kw)
+    chosen = ensemble.train(jax.random.key(2), model, x, y, particle_batch=ensemble.default_particle_batch(), **kw)
+    np.testing.assert_array_equal(auto.loss, chosen.loss)
+    with pytest.raises(ValueError, match="positive integer, None or 'auto'"):
+        ensemble.train(jax.random.key(2), model, x, y, particle_batch="fast", **kw)
