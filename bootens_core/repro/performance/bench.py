@@ -710,16 +710,17 @@ def run(key: jax.Array, cfg: BenchConfig, *, use_cache: bool = True, force: bool
                         use_cache=use_cache, force=force)
 
 
-def load_records(directory: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """The committed benchmark records ``<directory>/<label>/bench.json`` (e.g. a GPU run), by label; an empty
-    dict when there are none. A record without ``device``/``rows`` is an error naming the file."""
+def load_records(directory: str | os.PathLike[str], name: str = "bench.json") -> dict[str, dict[str, Any]]:
+    """The committed benchmark records ``<directory>/<label>/<name>`` (e.g. a GPU run's ``bench.json``, a
+    ``particle-batch.json``), by label; an empty dict when there are none. A record without
+    ``device``/``rows`` is an error naming the file."""
     import json
     from pathlib import Path
 
     out = {}
-    for path in sorted(Path(directory).glob("*/bench.json")):
+    for path in sorted(Path(directory).glob(f"*/{name}")):
         doc = json.loads(path.read_text())
         if not isinstance(doc, dict) or "device" not in doc or "rows" not in doc:
-            raise ValueError(f"{path} is not a bench.json document (no device or rows)")
+            raise ValueError(f"{path} is not a {name} document (no device or rows)")
         out[path.parent.name] = doc
     return out

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..report import Text
 
-__all__ = ["evaluate", "table", "profile_table", "ci_timings_table"]
+__all__ = ["evaluate", "table", "particle_batch_table", "profile_table", "ci_timings_table"]
 
 
 def table(doc: dict[str, Any]) -> pd.DataFrame:
@@ -30,6 +30,26 @@ def table(doc: dict[str, Any]) -> pd.DataFrame:
             "roofline (bound)": f"{r['roofline_fraction']:.0%} ({r['roofline_bound']})",
         })
     return pd.DataFrame(out).set_index(["model", "dataset (n)", "k"])
+
+
+def particle_batch_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """``particle-batch.json`` (``bootens bench --case particle-batch``) as a table: per network, optimizer and
+    particle batch ("all" = one vmap over every particle) the median seconds of the timed calls with their
+    interquartile range, the speed-up against all at once measured in the same run, and the largest difference
+    of the final particles from all at once."""
+    out = []
+    for r in doc["rows"]:
+        s = r["seconds"]
+        out.append({
+            "network": f"{r['hidden_layers']} hidden layer{'s' if r['hidden_layers'] != 1 else ''}",
+            "optimizer": {"adam": "Adam", "lbfgs-zoom": "L-BFGS, zoom line search"}.get(r["optimizer"],
+                                                                                      r["optimizer"]),
+            "particle batch": "all" if r["particle_batch"] is None else str(r["particle_batch"]),
+            "seconds [IQR]": f"{s['median']:.3g} [{s['q25']:.3g}, {s['q75']:.3g}]",
+            "× all at once": round(r["speedup"], 2),
+            "max |Δ particles|": f"{r['max_abs_diff']:.1e}",
+        })
+    return pd.DataFrame(out).set_index(["network", "optimizer", "particle batch"])
 
 
 def evaluate(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:

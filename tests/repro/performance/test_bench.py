@@ -277,3 +277,17 @@ def test_cli_bench_particle_batch(tmp_path: Path, capsys):
     assert cli.main(["bench", "--case", "particle-batch", "--particle-batches", "0", "--quiet",
                      "--out", str(tmp_path)]) == 2
     assert "every batch >= 1" in capsys.readouterr().err
+
+
+def test_particle_batch_record_and_table():
+    # The committed CPU measurement reads back as a record of its own and as a table, one row per measurement.
+    root = Path(__file__).resolve().parents[3] / "results" / "paper" / "bench"
+    recs = bench.load_records(root, "particle-batch.json")
+    assert "cpu-2core" in recs and "cpu-2core" not in bench.load_records(root)
+    doc = recs["cpu-2core"]
+    t = verdicts.particle_batch_table(doc)
+    assert len(t) == len(doc["rows"])
+    row = t.loc[("1 hidden layer", "Adam", "all")]
+    assert row["× all at once"] == 1.0 and row["max |Δ particles|"] == "0.0e+00"
+    best = max(r["speedup"] for r in doc["rows"])
+    assert max(t["× all at once"]) == round(best, 2)
