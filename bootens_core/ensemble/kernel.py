@@ -132,13 +132,16 @@ def particle_step(model: Model, opt: Optimizer) -> Callable[..., tuple[Params, A
 
 def _in_groups(update, size: int, noise_axis: int | None):
     """``update`` (one step of every particle) applied to the particles ``size`` at a time: ``jax.lax.map``
-    over the groups of ``size``, the remaining ``k mod size`` particles in one more call."""
+    over the groups of ``size``, the remaining ``k mod size`` particles in one more call; with ``k <= size``,
+    the update itself."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"particle_batch must be a positive integer or None, got {size!r}")
 
     def grouped(params, opt_state, pert, x, noise_var):
         k = jax.tree.leaves(params)[0].shape[0]
-        b = min(size, k)
+        if k <= size:  # one group: the plain update, without a loop of one iteration around it
+            return update(params, opt_state, pert, x, noise_var)
+        b = size
         q = k // b
         per = (params, opt_state, pert, noise_var if noise_axis is not None else None)
 

@@ -673,9 +673,14 @@ def measure_particle_batches(
                     def go(state, b=b):
                         return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, 0.1, particle_batch=b)[0],
                                                           None), state, None, length=steps)[0]
-                    fn = jax.jit(go)
-                    _, times = _time(lambda: fn(state), repeats)
-                    results[b] = (spread(times), fn(state).params)
+                    fn, last = jax.jit(go), [None]
+
+                    def call(fn=fn, last=last):  # keeps the final particles of the last timed call
+                        last[0] = fn(state)
+                        return last[0]
+
+                    _, times = _time(call, repeats)
+                    results[b] = (spread(times), last[0].params)
                 base = results[None][0]["median"]
                 for b, (sec, params) in results.items():
                     diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in

@@ -642,9 +642,10 @@ def repeated_cells(
     (dataset, method) the reference lacks is a ``ValueError``: a repeat needs something to be compared with.
     """
     rows = []
+    refs = {metric: _split_values(reference, metric) for metric in metrics}
     for label, recs in repeats.items():
         for metric in metrics:
-            ref, rep = _split_values(reference, metric), _split_values(recs, metric)
+            ref, rep = refs[metric], _split_values(recs, metric)
             for (ds, mid), theirs in rep.items():
                 if (ds, mid) not in ref:
                     raise ValueError(f"repeated cells {label!r}: the reference holds no {ds}/{mid} cell")
