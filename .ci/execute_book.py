@@ -1,0 +1,132 @@
+"""Execute the book's chapters, several at a time, into Jupyter Book's execution cache.
+
+    .venv/bin/python .ci/execute_book.py --jobs 2        # then: jupyter-book build .  (renders, executes nothing)
+
+``make book`` runs this before ``jupyter-book build``. Jupyter Book 1.x executes the notebooks one after the
+other, and one chapter keeps about 1.2 of a 2-core CPU's cores busy (its compiles and small XLA programs are
+single-threaded), so the build waits on one core most of the time. Here every chapter of ``_toc.yml`` is
+executed in a pool of ``--jobs`` processes, the longest first (by the cell times recorded in the committed
+notebook), each exactly as Jupyter Book's own executor would run it (``jupyter_cache``'s
+``single_nb_execution``: ``book/`` as the working directory, the timeout and ``allow_errors`` of
+``_config.yml``), and stored in the execution cache that ``_config.yml`` names (``execute.cache``). The
+build, in ``execute_notebooks: cache`` mode, finds every chapter there and renders it.
+
+The performance chapter, which times code, runs alone once the others are done: a chapter beside it would
+take cores from its measurements.
+
+The cache is emptied first: every chapter is executed every time, as with ``execute_notebooks: force`` (the
+cache is keyed by the notebook's code alone, so a kept entry would hide a change of the library). A chapter
+that raises stops nothing else; the script prints its traceback and exits with status 1 once all are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# Chapters that measure wall time: executed one at a time, with nothing beside them.
+ALONE = ("performance",)
+
+
+def chapters(root: Path = ROOT) -> list[Path]:
+    """The notebooks ``_toc.yml`` lists (root and chapters), in its order."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    entries = [toc["root"], *(e["file"] for e in toc.get("chapters", []))]
+    return [root / f"{e}.ipynb" for e in entries if (root / f"{e}.ipynb").exists()]
+
+
+def recorded_seconds(path: Path) -> float:
+    """Seconds the committed notebook's cells took when it was last executed (0 when it records none)."""
+    total = 0.0
+    for cell in json.loads(path.read_text())["cells"]:
+        ex = cell.get("metadata", {}).get("execution", {})
+        try:
+            a = dt.datetime.fromisoformat(ex["iopub.execute_input"].replace("Z", "+00:00"))
+            b = dt.datetime.fromisoformat(ex["shell.execute_reply"].replace("Z", "+00:00"))
+        except (KeyError, ValueError):
+            continue
+        total += max(0.0, (b - a).total_seconds())
+    return total
+
+
+def _execute(path: str, timeout: int | None, allow_errors: bool) -> tuple[Any, float, str | None]:
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    nb = nbformat.read(path, as_version=4)
+    result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout, allow_errors=allow_errors,
+                                 meta_override=True)
+    return result.nb, result.time, (result.exc_string if result.err is not None else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=2, help="chapters executed at once (default 2)")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {args.jobs}")
+
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text()).get("execute", {})
+    if config.get("execute_notebooks") != "cache":
+        raise SystemExit("execute_book: _config.yml must set execute.execute_notebooks: cache (the build would "
+                         "execute every chapter again)")
+    cache_dir = ROOT / config.get("cache", "_build/.jupyter_cache")
+    timeout, allow_errors = config.get("timeout", 30), bool(config.get("allow_errors", False))
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cache = get_cache(str(cache_dir))
+    books = sorted(chapters(), key=recorded_seconds, reverse=True)  # the longest first
+    for path in books:
+        cache.add_nb_to_project(str(path))
+
+    start, failed, done = time.time(), [], 0
+
+    def store(path: Path, fut: Any) -> None:
+        nonlocal done
+        done += 1
+        name = path.relative_to(ROOT)
+        try:
+            nb, seconds, error = fut.result()
+        except Exception as exc:  # the kernel could not start, the notebook could not be read, ...
+            nb, seconds, error = None, float("nan"), f"{type(exc).__name__}: {exc}"
+        if error is not None:
+            failed.append(str(name))
+            print(f"execute_book: [{done}/{len(books)}] {name} FAILED after {seconds:.0f} s\n{error}",
+                  file=sys.stderr, flush=True)
+            return
+        cache.cache_notebook_bundle(CacheBundleIn(nb, str(path), data={"execution_seconds": seconds}),
+                                    check_validity=False, overwrite=True)
+        print(f"execute_book: [{done}/{len(books)}] {name} in {seconds:.0f} s "
+              f"({time.time() - start:.0f} s elapsed)", flush=True)
+
+    shared = [p for p in books if p.stem not in ALONE]
+    print(f"execute_book: {len(books)} chapters, {args.jobs} at a time (then alone: "
+          f"{', '.join(p.stem for p in books if p not in shared) or 'none'})", flush=True)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(_execute, str(p), timeout, allow_errors): p for p in shared}
+        for fut in as_completed(futures):
+            store(futures[fut], fut)
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        for path in (p for p in books if p not in shared):
+            store(path, pool.submit(_execute, str(path), timeout, allow_errors))
+    if failed:
+        print(f"execute_book: {len(failed)} chapter(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print(f"execute_book: all {len(books)} chapters in {time.time() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
