@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
 import shutil
 import sys
 import time
@@ -39,7 +40,7 @@ ALONE = ("performance",)
 
 
 def chapters(root: Path = ROOT) -> list[Path]:
-    """The notebooks ``_toc.yml`` lists (root and chapters), in its order."""
+    """The notebooks ``root/_toc.yml`` lists (root and chapters), in its order."""
     toc = yaml.safe_load((root / "_toc.yml").read_text())
     entries = [toc["root"], *(e["file"] for e in toc.get("chapters", []))]
     return [root / f"{e}.ipynb" for e in entries if (root / f"{e}.ipynb").exists()]
@@ -72,22 +73,24 @@ def _execute(path: str, timeout: int | None, allow_errors: bool) -> tuple[Any, f
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2, help="chapters executed at once (default 2)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the book's folder (default: this repository)")
     args = ap.parse_args(argv)
+    root = args.root.resolve()
     if args.jobs < 1:
         ap.error(f"--jobs must be at least 1, got {args.jobs}")
 
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
-    config = yaml.safe_load((ROOT / "_config.yml").read_text()).get("execute", {})
+    config = yaml.safe_load((root / "_config.yml").read_text()).get("execute", {})
     if config.get("execute_notebooks") != "cache":
         raise SystemExit("execute_book: _config.yml must set execute.execute_notebooks: cache (the build would "
                          "execute every chapter again)")
-    cache_dir = ROOT / config.get("cache", "_build/.jupyter_cache")
+    cache_dir = root / config.get("cache", "_build/.jupyter_cache")
     timeout, allow_errors = config.get("timeout", 30), bool(config.get("allow_errors", False))
     shutil.rmtree(cache_dir, ignore_errors=True)
     cache = get_cache(str(cache_dir))
-    books = sorted(chapters(), key=recorded_seconds, reverse=True)  # the longest first
+    books = sorted(chapters(root), key=recorded_seconds, reverse=True)  # the longest first
     for path in books:
         cache.add_nb_to_project(str(path))
 
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     def store(path: Path, fut: Any) -> None:
         nonlocal done
         done += 1
-        name = path.relative_to(ROOT)
+        name = path.relative_to(root)
         try:
             nb, seconds, error = fut.result()
         except Exception as exc:  # the kernel could not start, the notebook could not be read, ...
@@ -114,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     shared = [p for p in books if p.stem not in ALONE]
     print(f"execute_book: {len(books)} chapters, {args.jobs} at a time (then alone: "
           f"{', '.join(p.stem for p in books if p not in shared) or 'none'})", flush=True)
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    spawn = multiprocessing.get_context("spawn")  # fresh interpreters: no fork of a threaded process
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn) as pool:
         futures = {pool.submit(_execute, str(p), timeout, allow_errors): p for p in shared}
         for fut in as_completed(futures):
             store(futures[fut], fut)
-    with ProcessPoolExecutor(max_workers=1) as pool:
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         for path in (p for p in books if p not in shared):
             store(path, pool.submit(_execute, str(path), timeout, allow_errors))
     if failed:

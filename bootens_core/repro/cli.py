@@ -472,7 +472,8 @@ def _bench_particle_batch(args: argparse.Namespace) -> int:
     try:
         doc = bench.measure_particle_batches(
             jax.random.key(0), args.datasets or ["boston"], args.models or [1], k, args.particle_batches,
-            steps=args.steps or 20, repeats=args.repeats or 5, max_rows=args.max_rows or 0)
+            steps=args.steps or 20, repeats=args.repeats or 5, max_rows=args.max_rows or 0,
+            features=args.features)
     except ValueError as exc:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
@@ -480,9 +481,10 @@ def _bench_particle_batch(args: argparse.Namespace) -> int:
     if not args.quiet:
         for r in doc["rows"]:
             batch = "all" if r["particle_batch"] is None else r["particle_batch"]
-            print(f"{r['dataset']:<8} {r['hidden_layers']} layer(s) {r['optimizer']:<10} k={r['k']} batch {batch:>4}: "
-                  f"{r['seconds']['median']:.3f} s (IQR {r['seconds']['q25']:.3f}-{r['seconds']['q75']:.3f}), "
-                  f"x{r['speedup']:.2f}, max |diff| {r['max_abs_diff']:.1e}")
+            sec = r["seconds"]
+            print(f"{r['dataset']:<8} {r['network']:<34} {r['optimizer']:<10} k={r['k']} batch {batch:>4}: "
+                  f"{sec['median']:.3f} s (IQR {sec['q25']:.3f}-{sec['q75']:.3f}), x{r['speedup']:.2f}, "
+                  f"max |diff| {r['max_abs_diff']:.1e}")
     print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
@@ -588,6 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic)")
     p_bench.add_argument("--particle-batches", type=int, nargs="+", default=[10, 20, 50],
                          help="particle-batch: group sizes timed against all particles at once")
+    p_bench.add_argument("--features", type=int, default=0,
+                         help="particle-batch: also the linear chapter's model, linear in this many "
+                              "trigonometric features of 64 points (0 = not timed)")
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
     p_bench.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)

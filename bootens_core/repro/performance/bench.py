@@ -634,7 +634,7 @@ def measure_uci_cell(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_l
 
 def measure_particle_batches(
     key: jax.Array, datasets: Sequence[str], hidden_layers: Sequence[int], k: int, batches: Sequence[int],
-    steps: int = 20, repeats: int = 5, max_rows: int = 0,
+    steps: int = 20, repeats: int = 5, max_rows: int = 0, features: int = 0,
 ) -> dict[str, Any]:
     """Particles stepped in groups against all at once (``bootens bench --case particle-batch``): the
     ``particle-batch.json`` document.
@@ -645,8 +645,12 @@ def measure_particle_batches(
     ``particle_batch`` None (one ``vmap`` over all ``k``) and each of ``batches``; ``seconds`` is the spread
     of ``repeats`` timed calls after a compiling one, ``speedup`` the all-at-once median over this one, in
     the same process, and ``max_abs_diff`` the largest difference of the final particles from the
-    all-at-once ones (the same computation up to float rounding).
+    all-at-once ones (the same computation up to float rounding). ``features`` > 0 adds the linear chapter's
+    model: linear in that many trigonometric features of 64 one-dimensional points (``dataset`` "trig",
+    ``hidden_layers`` 0). Every row names its ``network``.
     """
+    if features < 0:
+        raise ValueError(f"features must be >= 0 (0: no linear model), got {features}")
     if k < 1 or steps < 1 or repeats < 1 or any(int(b) < 1 for b in batches):
         raise ValueError(f"need k, steps, repeats and every batch >= 1, got k={k}, steps={steps}, "
                          f"repeats={repeats}, batches={list(batches)}")
@@ -657,37 +661,49 @@ def measure_particle_batches(
     start = time.perf_counter()
     opts = {"adam": ensemble.optimizer("adam", 1e-3),
             "lbfgs-zoom": ensemble.optimizer("lbfgs", 0.5, memory_size=10, linesearch="zoom")}
-    rows = []
+    problems = []  # (dataset, hidden layers, network, model, x, y, init key)
     for ds in datasets:
         in_dim, n = SHAPES[ds]
         n = min(n, max_rows) if max_rows else n
-        k_x, k_y, k_init = jax.random.split(jax.random.fold_in(key, len(rows)), 3)
+        k_x, k_y, k_init = jax.random.split(jax.random.fold_in(key, len(problems)), 3)
         x = jax.random.normal(k_x, (n, in_dim), jnp.float64)
         y = jax.random.normal(k_y, (n,), jnp.float64)
         for layers in hidden_layers:
-            model = models.mlp(in_dim, (50,) * int(layers), "relu")
-            for name, opt in opts.items():
-                state = ensemble.init(k_init, model, y, 0.1, int(k), opt)
-                results: dict[int | None, tuple[dict[str, float], Any]] = {}
-                for b in (None, *map(int, batches)):
-                    def go(state, b=b):
-                        return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, 0.1, particle_batch=b)[0],
-                                                          None), state, None, length=steps)[0]
-                    fn, last = jax.jit(go), [None]
+            network = f"{int(layers)} hidden layer{'s' if int(layers) != 1 else ''}"
+            problems.append((ds, int(layers), network, models.mlp(in_dim, (50,) * int(layers), "relu"), x, y,
+                             k_init))
+    if features:
+        k_w, k_x, k_y, k_init = jax.random.split(jax.random.fold_in(key, len(problems)), 4)
+        omega = 1.6 * jax.random.normal(k_w, (int(features),), jnp.float64)
+        x = jax.random.uniform(k_x, (64,), jnp.float64, -2.0, 2.0)
+        y = jax.random.normal(k_y, (64,), jnp.float64)
+        problems.append(("trig", 0, f"linear, {int(features)} trigonometric features",
+                         models.trig_features(omega), x, y, k_init))
+    rows = []
+    for ds, layers, network, model, x, y, k_init in problems:
+        n = int(x.shape[0])
+        for name, opt in opts.items():
+            state = ensemble.init(k_init, model, y, 0.1, int(k), opt)
+            results: dict[int | None, tuple[dict[str, float], Any]] = {}
+            for b in (None, *map(int, batches)):
+                def go(state, b=b):
+                    return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, 0.1, particle_batch=b)[0],
+                                                      None), state, None, length=steps)[0]
+                fn, last = jax.jit(go), [None]
 
-                    def call(fn=fn, last=last):  # keeps the final particles of the last timed call
-                        last[0] = fn(state)
-                        return last[0]
+                def call(fn=fn, last=last):  # keeps the final particles of the last timed call
+                    last[0] = fn(state)
+                    return last[0]
 
-                    _, times = _time(call, repeats)
-                    results[b] = (spread(times), last[0].params)
-                base = results[None][0]["median"]
-                for b, (sec, params) in results.items():
-                    diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in
-                               zip(jax.tree.leaves(params), jax.tree.leaves(results[None][1]), strict=True))
-                    rows.append({"dataset": ds, "hidden_layers": int(layers), "optimizer": name, "k": int(k),
-                                 "n": int(n), "steps": int(steps), "particle_batch": b, "seconds": sec,
-                                 "speedup": base / sec["median"], "max_abs_diff": diff})
+                _, times = _time(call, repeats)
+                results[b] = (spread(times), last[0].params)
+            base = results[None][0]["median"]
+            for b, (sec, params) in results.items():
+                diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in
+                           zip(jax.tree.leaves(params), jax.tree.leaves(results[None][1]), strict=True))
+                rows.append({"dataset": ds, "hidden_layers": layers, "network": network, "optimizer": name,
+                             "k": int(k), "n": int(n), "steps": int(steps), "particle_batch": b, "seconds": sec,
+                             "speedup": base / sec["median"], "max_abs_diff": diff})
     prov = store.provenance()
     return {"case": "particle-batch", "rows": rows, "device": _device_info(prov, _device_memory()),
             "provenance": prov, "wall_s": time.perf_counter() - start}

@@ -41,7 +41,7 @@ def particle_batch_table(doc: dict[str, Any]) -> pd.DataFrame:
     for r in doc["rows"]:
         s = r["seconds"]
         out.append({
-            "network": f"{r['hidden_layers']} hidden layer{'s' if r['hidden_layers'] != 1 else ''}",
+            "network": r.get("network") or f"{r['hidden_layers']} hidden layer{'s' if r['hidden_layers'] != 1 else ''}",
             "optimizer": {"adam": "Adam", "lbfgs-zoom": "L-BFGS, zoom line search"}.get(r["optimizer"],
                                                                                       r["optimizer"]),
             "particle batch": "all" if r["particle_batch"] is None else str(r["particle_batch"]),

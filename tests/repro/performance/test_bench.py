@@ -255,22 +255,27 @@ def test_cli_bench_uci_cell_bad_input(tmp_path: Path, capsys):
 
 
 def test_cli_bench_particle_batch(tmp_path: Path, capsys):
-    # 7 particles in groups of 3 (two groups and a remainder) against all at once: one row per optimizer and
-    # batch, the all-at-once row is the unit of speed, and the particles agree to float64 rounding.
+    # 7 particles in groups of 3 (two groups and a remainder) against all at once: one row per network,
+    # optimizer and batch (the 1-layer MLP and the linear model in 16 trigonometric features of 64 points), the
+    # all-at-once row is the unit of speed, and the particles agree to float64 rounding.
     code = cli.main(["bench", "--case", "particle-batch", "--datasets", "boston", "--models", "1", "--k", "7",
                      "--max-rows", "30", "--steps", "3", "--repeats", "2", "--particle-batches", "3",
-                     "--out", str(tmp_path)])
+                     "--features", "16", "--out", str(tmp_path)])
     assert code == 0
     doc = json.loads((tmp_path / "particle-batch.json").read_text())
     assert doc["case"] == "particle-batch" and doc["device"]["platform"] == jax.devices()[0].platform
-    rows = {(r["optimizer"], r["particle_batch"]): r for r in doc["rows"]}
-    assert set(rows) == {("adam", None), ("adam", 3), ("lbfgs-zoom", None), ("lbfgs-zoom", 3)}
-    for (name, batch), r in rows.items():
-        base = rows[(name, None)]["seconds"]["median"]
+    rows = {(r["network"], r["optimizer"], r["particle_batch"]): r for r in doc["rows"]}
+    nets = ("1 hidden layer", "linear, 16 trigonometric features")
+    assert set(rows) == {(n, o, b) for n in nets for o in ("adam", "lbfgs-zoom") for b in (None, 3)}
+    for (net, name, batch), r in rows.items():
+        base = rows[(net, name, None)]["seconds"]["median"]
         assert r["speedup"] == pytest.approx(base / r["seconds"]["median"])
-        assert (r["k"], r["n"], r["steps"]) == (7, 30, 3)
+        assert (r["k"], r["n"], r["steps"]) == ((7, 30, 3) if net == nets[0] else (7, 64, 3))
         assert r["max_abs_diff"] < 1e-10
     assert "batch    3" in capsys.readouterr().out
+    assert cli.main(["bench", "--case", "particle-batch", "--features", "-1", "--quiet",
+                     "--out", str(tmp_path)]) == 2
+    assert "features must be >= 0" in capsys.readouterr().err
     assert cli.main(["bench", "--case", "particle-batch", "--datasets", "mnist", "--quiet",
                      "--out", str(tmp_path)]) == 2
     assert "unknown dataset shape" in capsys.readouterr().err
