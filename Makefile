@@ -43,8 +43,8 @@ venv:
 
 # MPLBACKEND is unset for the build: exported as Agg it reaches the notebook kernels, which then draw no
 # inline figures (plt.show() outputs nothing) and the chapters lose their images.
-# The chapters are executed JOBS at a time first (.ci/execute_book.py; one chapter keeps about 1.2 cores
-# busy), then rendered from Jupyter Book's execution cache.
+# The chapters are executed JOBS at a time first, each on a core of its own (.ci/execute_book.py), then
+# rendered from Jupyter Book's execution cache.
 book: venv
 	@$(call TIMED,env -u MPLBACKEND $(BIN)/python .ci/execute_book.py --jobs $(JOBS) && \
 	  env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html)

@@ -3,16 +3,18 @@
     .venv/bin/python .ci/execute_book.py --jobs 2        # then: jupyter-book build .  (renders, executes nothing)
 
 ``make book`` runs this before ``jupyter-book build``. Jupyter Book 1.x executes the notebooks one after the
-other, and one chapter keeps about 1.2 of a 2-core CPU's cores busy (its compiles and small XLA programs are
-single-threaded), so the build waits on one core most of the time. Here every chapter of ``_toc.yml`` is
-executed in a pool of ``--jobs`` processes, the longest first (by the cell times recorded in the committed
+other. A chapter alone spreads its XLA programs over every core, but gains well under twice from a second
+one (measured on a 2-core CPU: 200 particles trained 1.3-1.65x as fast on two cores as on one; compiles use
+one), and two chapters side by side on both cores slow each other by about as much as they gain. Here
+every chapter of ``_toc.yml`` is executed in a pool of ``--jobs`` processes, each held to a core of its own
+(when there are at least as many cores), the longest first (by the cell times recorded in the committed
 notebook), each exactly as Jupyter Book's own executor would run it (``jupyter_cache``'s
 ``single_nb_execution``: ``book/`` as the working directory, the timeout and ``allow_errors`` of
 ``_config.yml``), and stored in the execution cache that ``_config.yml`` names (``execute.cache``). The
 build, in ``execute_notebooks: cache`` mode, finds every chapter there and renders it.
 
-The performance chapter, which times code, runs alone once the others are done: a chapter beside it would
-take cores from its measurements.
+The performance chapter, which times code, runs alone on every core once the others are done: a chapter
+beside it would take cores from its measurements.
 
 The cache is emptied first: every chapter is executed every time, as with ``execute_notebooks: force`` (the
 cache is keyed by the notebook's code alone, so a kept entry would hide a change of the library). A chapter
@@ -25,6 +27,7 @@ import argparse
 import datetime as dt
 import json
 import multiprocessing
+import os
 import shutil
 import sys
 import time
@@ -58,6 +61,15 @@ def recorded_seconds(path: Path) -> float:
             continue
         total += max(0.0, (b - a).total_seconds())
     return total
+
+
+def _hold_to_a_core(counter: Any) -> None:
+    """Pool initializer: the i-th worker (and the kernels it starts) runs on the i-th usable core."""
+    with counter.get_lock():
+        i = counter.value
+        counter.value += 1
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[i % len(cores)]})
 
 
 def _execute(path: str, timeout: int | None, allow_errors: bool) -> tuple[Any, float, str | None]:
@@ -115,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
               f"({time.time() - start:.0f} s elapsed)", flush=True)
 
     shared = [p for p in books if p.stem not in ALONE]
-    print(f"execute_book: {len(books)} chapters, {args.jobs} at a time (then alone: "
-          f"{', '.join(p.stem for p in books if p not in shared) or 'none'})", flush=True)
     spawn = multiprocessing.get_context("spawn")  # fresh interpreters: no fork of a threaded process
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn) as pool:
+    pin = 1 < args.jobs <= len(os.sched_getaffinity(0))
+    print(f"execute_book: {len(books)} chapters, {args.jobs} at a time{', a core each' if pin else ''} "
+          f"(then alone: {', '.join(p.stem for p in books if p not in shared) or 'none'})", flush=True)
+    init = {"initializer": _hold_to_a_core, "initargs": (spawn.Value("i", 0),)} if pin else {}
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn, **init) as pool:
         futures = {pool.submit(_execute, str(p), timeout, allow_errors): p for p in shared}
         for fut in as_completed(futures):
             store(futures[fut], fut)
