@@ -95,8 +95,8 @@ def step(
     ``(k,)`` (:func:`train_grid`). With a line search the value and gradient stored at the previous step are
     reused (one gradient evaluation per step is saved; see :func:`particle_step`). ``particle_batch``: step
     the particles this many at a time (``jax.lax.map`` over groups, the remainder in one more group) instead
-    of all in one ``vmap``; the same particles up to float rounding, and on a CPU often faster (a line search
-    then stops per group; see ``bootens bench --case particle-batch``).
+    of all in one ``vmap``; the same particles up to float rounding, faster or slower on a CPU by model (a
+    line search then stops per group; see ``bootens bench --case particle-batch``).
     """
     update = _ensemble_update(model, opt, 0 if noise_per_particle else None, particle_batch)
     params, opt_state, loss = update(state.params, state.opt_state, state.perturbation, x, noise_var)

@@ -41,7 +41,9 @@ def particle_batch_table(doc: dict[str, Any]) -> pd.DataFrame:
     for r in doc["rows"]:
         s = r["seconds"]
         out.append({
-            "network": r.get("network") or f"{r['hidden_layers']} hidden layer{'s' if r['hidden_layers'] != 1 else ''}",
+            # records made before rows named their network hold only hidden_layers
+            "network": r.get("network")
+            or f"{r['hidden_layers']} hidden layer{'s' if r['hidden_layers'] != 1 else ''}",
             "optimizer": {"adam": "Adam", "lbfgs-zoom": "L-BFGS, zoom line search"}.get(r["optimizer"],
                                                                                       r["optimizer"]),
             "particle batch": "all" if r["particle_batch"] is None else str(r["particle_batch"]),
