@@ -51,8 +51,9 @@ book: venv
 
 test: venv test-unit book test-nbval test-browser
 
+# The log lists the 40 slowest tests (--durations): where the unit stage's time goes.
 test-unit: venv
-	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" tests)
+	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" --durations=40 tests)
 
 test-nbval: venv
 	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book)

@@ -96,7 +96,9 @@ def step(
     reused (one gradient evaluation per step is saved; see :func:`particle_step`). ``particle_batch``: step
     the particles this many at a time (``jax.lax.map`` over groups, the remainder in one more group) instead
     of all in one ``vmap``; the same particles up to float rounding, faster or slower on a CPU by model (a
-    line search then stops per group; see ``bootens bench --case particle-batch``).
+    line search then stops per group; see ``bootens bench --case particle-batch``). The learning rate is the
+    one in ``state.opt_state`` (set by :func:`init` from its optimizer; see
+    :func:`bootens_core.ensemble.optimizer`): ``opt`` decides the program, so one compiled step serves every rate.
     """
     update = _ensemble_update(model, opt, 0 if noise_per_particle else None, particle_batch)
     params, opt_state, loss = update(state.params, state.opt_state, state.perturbation, x, noise_var)

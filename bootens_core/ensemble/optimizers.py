@@ -1,5 +1,10 @@
 """The optimizers of the paper's experiments as optax transformations that minimise ``-log p~``
-(:func:`optimizer`), each with what decides its compiled programs (:meth:`Optimizer.program_key`)."""
+(:func:`optimizer`), each with what decides its compiled programs (:meth:`Optimizer.program_key`).
+
+The optax optimizers carry their learning rate (and Adagrad its accumulator settings) as data in their state
+(``optax.inject_hyperparams``): the state made by ``tx.init`` holds it, so optimizers that differ only in
+the learning rate share one compiled program, and ``optax.tree.set(state, learning_rate=...)`` changes it
+between steps without a new compilation."""
 
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ class Optimizer(NamedTuple):
     makes at most: 1 for every optax optimizer (one update = one iteration), ``max_iter`` for
     ``"torch-lbfgs"`` (one update = one ``torch.optim.LBFGS.step(closure)``, an outer step of up to
     ``max_iter`` iterations). :meth:`steps_for` turns an iteration budget into :func:`train`'s ``steps``.
-    ``signature``: a hashable description of ``tx`` (:func:`optimizer` sets its name and settings): optimizers
+    ``signature``: a hashable description of the program ``tx`` compiles to (:func:`optimizer` sets its name
+    and the settings that are not data; the learning rate of an optax optimizer is not part of it): optimizers
     with equal signatures share compiled programs; ``None`` (a transformation of one's own): ``tx`` itself
     identifies them.
     """
@@ -64,7 +70,11 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
             ``max_iter`` iterations -- ``iterations_per_step = max_iter``; kwargs as torch's: ``max_iter``
             (20), ``max_eval``, ``tolerance_grad``, ``tolerance_change``, ``history_size`` (100),
             ``line_search_fn`` (``None``: fixed step; ``"strong_wolfe"``) and ``max_ls``).
-        learning_rate: the step size ``h``.
+        learning_rate: the step size ``h``. The optax optimizers (all but ``"torch-lbfgs"``) keep it, and their
+            other numeric settings, as data in the state ``tx.init`` makes (``optax.inject_hyperparams``): the
+            state decides the rate, so optimizers that differ only in it share one compiled program, and
+            ``optax.tree.set(opt_state, learning_rate=r)`` changes it between steps (``r`` a scalar, or one rate
+            per particle in an ensemble's state).
 
     Raises:
         ValueError: for an unknown name or line search, or a bad learning rate or torch option;
@@ -73,8 +83,10 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
     lr = float(learning_rate)
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"learning rate must be a positive finite number, got {learning_rate!r}")
+    # The optax optimizers hold the learning rate in their state (data); torch-lbfgs compiles it in.
+    static_lr = (lr,) if name == "torch-lbfgs" else ()
     try:
-        signature = (name, lr, tuple(sorted(kwargs.items())))
+        signature = (name, *static_lr, tuple(sorted(kwargs.items())))
         hash(signature)
     except TypeError:  # an unhashable option value: the transformation object identifies the programs
         signature = None
@@ -84,27 +96,28 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
 def _optimizer(name: str, lr: float, kwargs: dict[str, Any]) -> Optimizer:
     if name == "sgd":
         _no_extra(name, kwargs)
-        return Optimizer(optax.sgd(lr), False, f"gradient ascent, h={lr:g}")
+        return Optimizer(optax.inject_hyperparams(optax.sgd)(lr), False, f"gradient ascent, h={lr:g}")
     if name == "adagrad":
         acc = float(kwargs.pop("initial_accumulator_value", 0.1))
         eps = float(kwargs.pop("eps", 1e-7))
         _no_extra(name, kwargs)
         return Optimizer(
-            optax.adagrad(lr, initial_accumulator_value=acc, eps=eps), False,
+            optax.inject_hyperparams(optax.adagrad)(lr, initial_accumulator_value=acc, eps=eps), False,
             f"Adagrad, h={lr:g}, initial accumulator {acc:g}",
         )
     if name == "adam":
         _no_extra(name, kwargs)
-        return Optimizer(optax.adam(lr), False, f"Adam, lr={lr:g}")
+        return Optimizer(optax.inject_hyperparams(optax.adam)(lr), False, f"Adam, lr={lr:g}")
     if name == "lbfgs":
         memory = int(kwargs.pop("memory_size", 10))
         search = kwargs.pop("linesearch", None)
         _no_extra(name, kwargs)
+        lbfgs = optax.inject_hyperparams(optax.lbfgs, static_args=("memory_size", "linesearch"))
         if search is None:
-            tx = optax.lbfgs(learning_rate=lr, memory_size=memory, linesearch=None)
+            tx = lbfgs(learning_rate=lr, memory_size=memory, linesearch=None)
             desc = f"L-BFGS (memory {memory}), fixed step {lr:g}, no line search"
         elif search == "zoom":
-            tx = optax.lbfgs(learning_rate=lr, memory_size=memory)
+            tx = lbfgs(learning_rate=lr, memory_size=memory)  # optax's default line search: zoom
             desc = f"L-BFGS (memory {memory}), zoom line search, initial step {lr:g}"
         else:
             raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")

@@ -184,37 +184,20 @@ def setup(key: jax.Array, in_dim: int, n: int, hidden_layers: int, k: int, *, wi
     """Synthetic float32 data of shape ``(n, in_dim)`` and ``k`` particles of Algorithm 1 ready to train.
 
     Returns a dict with ``model``, ``opt`` (Adam), ``state`` and ``pert`` (from :func:`ensemble.init`), ``x``,
-    ``noise_var`` and ``widths``. The model and optimizer objects are cached per architecture, so every ``k``
-    reuses the library's cached driver (one compilation per shape).
+    ``noise_var`` and ``widths``. Models and optimizers built anew are equal by their program keys, so every
+    ``k`` reuses the library's cached driver (one compilation per shape).
     """
     if k < 1 or n < 1:
         raise ValueError(f"need k >= 1 and n >= 1, got k={k}, n={n}")
     k_x, k_y, k_init = jax.random.split(key, 3)
     x = jax.random.normal(k_x, (n, in_dim), jnp.float32)
     y = jax.random.normal(k_y, (n,), jnp.float32)
-    model = _model(in_dim, hidden_layers, width)
-    opt = _adam(learning_rate)
+    model = models.mlp(in_dim, (width,) * hidden_layers, "relu")
+    opt = ensemble.optimizer("adam", learning_rate)
     nv = jnp.asarray(noise_var, jnp.float32)
     state = ensemble.init(k_init, model, y, nv, k, opt)
     return {"model": model, "opt": opt, "state": state, "x": x, "noise_var": nv,
             "widths": widths(in_dim, hidden_layers, width)}
-
-
-_MODELS: dict[tuple[int, int, int], models.Model] = {}
-_OPTS: dict[float, ensemble.Optimizer] = {}
-
-
-def _model(in_dim: int, hidden_layers: int, width: int) -> models.Model:
-    key = (in_dim, hidden_layers, width)
-    if key not in _MODELS:
-        _MODELS[key] = models.mlp(in_dim, (width,) * hidden_layers, "relu")
-    return _MODELS[key]
-
-
-def _adam(lr: float) -> ensemble.Optimizer:
-    if lr not in _OPTS:
-        _OPTS[lr] = ensemble.optimizer("adam", lr)
-    return _OPTS[lr]
 
 
 def _steps_fn(p: dict[str, Any], steps: int) -> Callable[[ensemble.State], ensemble.State]:
