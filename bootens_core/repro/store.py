@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,9 +40,11 @@ __all__ = [
     "load_record",
     "cached",
     "provenance",
+    "summary_as",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass
@@ -195,6 +197,20 @@ def save(result: Result, directory: str | os.PathLike[str]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def summary_as(cls: type[_T], result: Result | dict[str, Any]) -> _T:
+    """The summary of ``result`` (or a summary dict, e.g. a committed ``summary.json``) as the typed record
+    ``cls``, a dataclass whose fields are the keys a chapter reads; other keys stay in the dict only.
+
+    Raises ``ValueError`` naming the keys the summary lacks (a record written before a key existed).
+    """
+    d = result.summary if isinstance(result, Result) else result
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in d]
+    if missing:
+        raise ValueError(f"the summary has no {', '.join(missing)}: not a {cls.__name__} (written by other code?)")
+    return cls(**{n: d[n] for n in names})
 
 
 def load(directory: str | os.PathLike[str]) -> Result:

@@ -286,3 +286,17 @@ def test_load_record_errors(tmp_path):
     (tmp_path / "provenance.json").write_text("{}")
     with pytest.raises(ValueError, match="corrupt"):
         store.load_record(tmp_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Typed:
+    a: float
+    b: str
+
+
+def test_summary_as_reads_the_fields_and_names_what_is_missing():
+    res = store.Result("demo", {}, {}, {"a": 1.5, "b": "x", "extra": 3})
+    assert store.summary_as(_Typed, res) == _Typed(1.5, "x")  # other keys stay in the dict only
+    assert store.summary_as(_Typed, {"b": "y", "a": 2.0}) == _Typed(2.0, "y")
+    with pytest.raises(ValueError, match="the summary has no b: not a _Typed"):
+        store.summary_as(_Typed, {"a": 1.0})

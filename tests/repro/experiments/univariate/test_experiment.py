@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from bootens_core.repro import store
 from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 from bootens_core.repro.experiments import univariate
 
@@ -87,3 +88,16 @@ def test_summary_is_consistent_with_the_arrays(result):
     assert s["mean_error_sd"] == pytest.approx(abs(final.mean() - mean_p) / sd_p, rel=1e-12)
     assert s["sd_ratio"] == pytest.approx(final.std(ddof=1) / sd_p, rel=1e-12)
     assert 0 <= s["ks_pvalue"] <= 1
+
+
+def test_typed_summary_is_the_summary_json(result, tmp_path):
+    """The typed summary holds exactly the keys the run writes, with their values, also read back from disk;
+    the verdict reads it as it reads the dict."""
+    typed = univariate.Summary.of(result)
+    assert dataclasses.asdict(typed) == result.summary
+    again = univariate.Summary.of(store.load(store.save(result, tmp_path / "r")))
+    assert again == typed
+    assert str(univariate.verdicts.evaluate(typed)) == str(univariate.verdicts.evaluate(result.summary))
+    older = {k: v for k, v in result.summary.items() if k not in ("ks_statistic", "optimizer")}
+    with pytest.raises(ValueError, match="no ks_statistic, optimizer: not a Summary"):
+        univariate.Summary.of(older)
