@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ __all__ = [
     "cached",
     "provenance",
     "summary_as",
+    "TypedSummary",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -203,14 +204,43 @@ def summary_as(cls: type[_T], result: Result | dict[str, Any]) -> _T:
     """The summary of ``result`` (or a summary dict, e.g. a committed ``summary.json``) as the typed record
     ``cls``, a dataclass whose fields are the keys a chapter reads; other keys stay in the dict only.
 
-    Raises ``ValueError`` naming the keys the summary lacks (a record written before a key existed).
+    A field with a default may be absent (a key the run writes only in some settings).
+
+    Raises ``ValueError`` naming the keys without a default that the summary lacks (a record written before
+    a key existed).
     """
     d = result.summary if isinstance(result, Result) else result
-    names = [f.name for f in dataclasses.fields(cls)]
-    missing = [n for n in names if n not in d]
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields if f.name not in d
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ValueError(f"the summary has no {', '.join(missing)}: not a {cls.__name__} (written by other code?)")
-    return cls(**{n: d[n] for n in names})
+    return cls(**{f.name: d[f.name] for f in fields if f.name in d})
+
+
+class TypedSummary:
+    """Base of a chapter's typed summary, a frozen dataclass whose fields are the keys of ``summary.json``.
+
+    ``Cls.of(result)`` reads one from a result or a summary dict (:func:`summary_as`); ``record.as_summary()``
+    is the dict the run writes. ``OPTIONAL``: groups of fields that a run writes only in some settings: a
+    group whose first field is None is left out of the dict (its fields default to None).
+    """
+
+    OPTIONAL: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    @classmethod
+    def of(cls: type[_T], result: Result | dict[str, Any]) -> _T:
+        """The typed summary of a run's result (or of its summary dict, e.g. a committed ``summary.json``)."""
+        return summary_as(cls, result)
+
+    def as_summary(self) -> dict[str, Any]:
+        """The ``summary.json`` dict: every field, but the optional groups the run did not compute."""
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        for group in self.OPTIONAL:
+            if d[group[0]] is None:
+                for name in group:
+                    del d[name]
+        return d
 
 
 def load(directory: str | os.PathLike[str]) -> Result:

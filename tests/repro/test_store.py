@@ -300,3 +300,16 @@ def test_summary_as_reads_the_fields_and_names_what_is_missing():
     assert store.summary_as(_Typed, {"b": "y", "a": 2.0}) == _Typed(2.0, "y")
     with pytest.raises(ValueError, match="the summary has no b: not a _Typed"):
         store.summary_as(_Typed, {"a": 1.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class _TypedOptional:
+    a: float
+    c: int | None = None
+
+
+def test_summary_as_lets_fields_with_defaults_be_absent():
+    assert store.summary_as(_TypedOptional, {"a": 1.0}) == _TypedOptional(1.0)
+    assert store.summary_as(_TypedOptional, {"a": 1.0, "c": 3}) == _TypedOptional(1.0, 3)
+    with pytest.raises(ValueError, match="the summary has no a: not a _TypedOptional"):
+        store.summary_as(_TypedOptional, {"c": 3})

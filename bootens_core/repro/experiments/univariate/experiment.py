@@ -24,7 +24,7 @@ Config = UnivariateConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class Summary:
+class Summary(store.TypedSummary):
     """Figure 1's numbers, the keys of the run's ``summary.json``: ``mean_error_sd`` = |mean_q - mean_p| / sd_p
     and ``sd_ratio`` = sd_q / sd_p of the final particles, each with its Monte-Carlo scale (what k exact samples
     would give), the Kolmogorov-Smirnov test of the particles against the exact posterior, the posterior's and
@@ -47,11 +47,6 @@ class Summary:
     step_size: float
     contraction_per_step: float
     optimizer: str
-
-    @classmethod
-    def of(cls, result: store.Result | dict) -> Summary:
-        """The typed summary of a run's result (or of its summary dict)."""
-        return store.summary_as(cls, result)
 
 
 def run(
@@ -87,7 +82,7 @@ def _compute(key: jax.Array, cfg: UnivariateConfig, progress: bool):
     k = final.shape[0]
     mean_q, sd_q = float(final.mean()), float(final.std(ddof=1))
     ks = stats.kstest(final, stats.norm(mean_p, sd_p).cdf)
-    summary = dataclasses.asdict(Summary(
+    summary = Summary(
         mean_error_sd=abs(mean_q - mean_p) / sd_p,
         mean_error_sd_mc_scale=1 / np.sqrt(k),
         sd_ratio=sd_q / sd_p,
@@ -104,7 +99,7 @@ def _compute(key: jax.Array, cfg: UnivariateConfig, progress: bool):
         step_size=cfg.step_size,
         contraction_per_step=float(abs(1 - cfg.step_size * post.lam[0])),
         optimizer=opt.description,
-    ))
+    ).as_summary()
     arrays = {
         "x": data.x,
         "y": data.y,
