@@ -51,9 +51,10 @@ book: venv
 
 test: venv test-unit book test-nbval test-browser
 
-# The log lists the 40 slowest tests (--durations): where the unit stage's time goes.
+# The log lists the 40 slowest tests (--durations): where the unit stage's time goes. Tests that compute a
+# chapter's own run hand it to the book build (BOOTENS_PUBLISH_DIR, see tests/conftest.py).
 test-unit: venv
-	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" --durations=40 tests)
+	@$(call TIMED,BOOTENS_PUBLISH_DIR=$(BOOTENS_CACHE_DIR) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" --durations=40 tests)
 
 test-nbval: venv
 	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book)

@@ -2,6 +2,11 @@
 
 - Every test session writes results into a fresh temporary cache (``BOOTENS_CACHE_DIR``), so no test ever
   reads a result cached by an earlier run or by the book build (a stale cache would hide a regression).
+- The other way round is allowed: a test that computes a whole experiment at a chapter's own settings hands
+  the result to the book build that follows (the ``publish`` fixture writes it into ``BOOTENS_PUBLISH_DIR``,
+  which ``make test-unit`` sets to the book's result cache). The cache key holds the configuration, the key
+  and the hash of the package's source, so the chapter finds it only when the same code would compute it
+  again; ``make test`` then computes the linear chapter's two runs once instead of twice.
 - Matplotlib draws off-screen (Agg).
 - Importing :mod:`bootens_core` first enables JAX's 64-bit mode for every test module.
 - XLA compiles on a 2-core CPU are the bulk of the suite's time, and many tests compile the same program
@@ -15,6 +20,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
@@ -57,3 +64,21 @@ def _fresh_result_cache(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop("BOOTENS_CACHE_DIR", None)
         else:
             os.environ["BOOTENS_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def publish() -> Callable[..., None]:
+    """``publish(result)``: store ``result`` (a :class:`bootens_core.repro.store.Result` a test computed, cache
+    off) under its cache key in ``$BOOTENS_PUBLISH_DIR``, where a later book build finds it; nothing when
+    the variable is unset or the entry exists (two workers computing the same run store identical numbers)."""
+    from bootens_core.repro import store
+
+    def _publish(result: store.Result) -> None:
+        target = os.environ.get("BOOTENS_PUBLISH_DIR")
+        if not target:
+            return
+        where = Path(target) / result.name / result.provenance["cache_key"]
+        if not where.is_dir():
+            store.save(result, where)
+
+    return _publish

@@ -1,9 +1,10 @@
 """The linear experiment on the model with features times sqrt(2/D) (``LinearConfig.scaled_features()``).
 
-It runs once for the module (under a minute on 2 cores), with the cache off. What is checked: the posterior
-the particles are measured against is the scaled model's (rebuilt here from the same keys); the continued
-run of the paper's Adagrad setting starts as the 400-step run and its first step within the self-distance
-band is read off its own curve; the chapter's verdict follows the rule on these numbers.
+It runs once for the module (under a minute on 2 cores), with the cache off, and is handed to the book build that
+follows (the chapter runs the same configuration; ``publish`` in conftest.py). What is checked: the posterior the
+particles are measured against is the scaled model's (rebuilt here from the same keys); the continued run of the
+paper's Adagrad setting starts as the 400-step run and its first step within the self-distance band is read off
+its own curve; the chapter's verdict follows the rule on these numbers.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ CFG = LinearConfig.quick().scaled_features()
 
 
 @pytest.fixture(scope="module")
-def result():
-    return experiment.run(jax.random.key(CFG.seed), CFG, use_cache=False)
+def result(publish):
+    res = experiment.run(jax.random.key(CFG.seed), CFG, use_cache=False)
+    publish(res)  # the chapter's own run: the book build that follows reads it
+    return res
 
 
 def _phi(x, omega):

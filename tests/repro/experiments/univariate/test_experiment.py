@@ -46,6 +46,24 @@ def test_cached_run_equals_fresh_run(result):
     _assert_identical(result, second)
 
 
+def test_a_published_result_is_what_a_later_run_reads(result, publish, tmp_path, monkeypatch):
+    """conftest's ``publish``: a result a test computed lands under its cache key in BOOTENS_PUBLISH_DIR, and a
+    run with that directory as its cache reads it (the same provenance: nothing recomputed); without the
+    variable nothing is written."""
+    monkeypatch.delenv("BOOTENS_PUBLISH_DIR", raising=False)
+    publish(result)
+    assert not any(tmp_path.iterdir())
+    monkeypatch.setenv("BOOTENS_PUBLISH_DIR", str(tmp_path / "book"))
+    publish(result)
+    publish(result)  # an entry that exists is left alone
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "book"))
+    read = univariate.run(jax.random.key(CFG.seed), CFG)
+    _assert_identical(result, read)
+    assert read.provenance == result.provenance
+    other = dataclasses.replace(CFG, seed=CFG.seed + 1)
+    assert univariate.run(jax.random.key(other.seed), other).provenance["cache_key"] != result.provenance["cache_key"]
+
+
 def test_arrays_and_stages(result):
     stages = result["stages"]
     np.testing.assert_array_equal(stages, CFG.stages)
