@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, run, agreement, reference_noise,
+    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, agreement, reference_noise,
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise", "figures",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise", "figures",
     "verdicts",
 ]

@@ -9,6 +9,7 @@ reference; agreement is quantified on an x grid.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -21,7 +22,7 @@ from ...config import require_x64
 from .config import DeepReluConfig
 from ....data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "agreement", "reference_noise"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise"]
 
 NAME = "deep-relu"
 DESCRIPTION = "8x50 ReLU network: 200 particles at stages vs an MCMC reference (faithful MH evidence, NUTS)"
@@ -29,10 +30,86 @@ ARTEFACTS = ("Figure 3",)
 Config = DeepReluConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class Summary(store.TypedSummary):
+    """Figure 3 in numbers: the keys of the run's ``summary.json``.
+
+    The agreement statistics of :func:`agreement` (``mean_abs_diff_mean``, ``sd_ratio_median``,
+    ``band_coverage``, ``inside_ref_band``) of the final particles against the NUTS reference, their values at
+    the figure's ``stages`` (``*_stages``) and at every recorded step (``agreement_steps``, ``*_along``); the
+    reference against itself (``reference_split_*``: first half of the chains against the second) and its noise
+    unit (``reference_noise_*``, :func:`reference_noise`), both None when the reference has a single chain;
+    the predictive diagnostics (``rhat_*``, ``ess_min``) and sampler statistics of NUTS and of the paper's MH on
+    the faithful and on the deviation prior (``nuts_*``, ``mh_faithful_*``, ``mh_deviation_*``); the two
+    priors over functions (``prior_*``) and the setting.
+    """
+
+    OPTIONAL = ((
+        "reference_split_mean_abs_diff_mean", "reference_split_sd_ratio_median", "reference_split_band_coverage",
+        "reference_split_inside_ref_band", "reference_noise_mad", "reference_noise_log_sd", "reference_noise_partitions",
+    ),)
+
+    n_params: int
+    reference: str
+    rhat_max: float
+    rhat_mean: float
+    ess_min: float
+    mean_abs_diff_mean: float
+    sd_ratio_median: float
+    band_coverage: float
+    inside_ref_band: float
+    stages: list[int]
+    mean_abs_diff_mean_stages: list[float]
+    sd_ratio_median_stages: list[float]
+    band_coverage_stages: list[float]
+    agreement_steps: list[int]
+    mean_abs_diff_mean_along: list[float]
+    sd_ratio_median_along: list[float]
+    nuts_accept_rate: float
+    nuts_rhat_max: float
+    nuts_rhat_mean: float
+    nuts_ess_min: float
+    nuts_sampler: str
+    nuts_divergences: int
+    nuts_mean_num_steps: float
+    nuts_draws_total: int
+    mh_faithful_accept_rate: float
+    mh_faithful_rhat_max: float
+    mh_faithful_rhat_mean: float
+    mh_faithful_ess_min: float
+    mh_faithful_sampler: str
+    mh_deviation_accept_rate: float
+    mh_deviation_rhat_max: float
+    mh_deviation_rhat_mean: float
+    mh_deviation_ess_min: float
+    mh_deviation_sampler: str
+    mh_steps_per_chain: int
+    prior_f_sd_median_faithful: float
+    prior_f_sd_median: float
+    prior_within_fraction_faithful: float
+    prior_within_fraction: float
+    diverged_particles: int
+    n_particles: int
+    optimizer: str
+    steps: int
+    data: str
+    prior: str
+    prior_faithful: str
+    reference_split_mean_abs_diff_mean: float | None = None
+    reference_split_sd_ratio_median: float | None = None
+    reference_split_band_coverage: float | None = None
+    reference_split_inside_ref_band: float | None = None
+    reference_noise_mad: float | None = None
+    reference_noise_log_sd: float | None = None
+    reference_noise_partitions: int | None = None
+
+
 def run(
     key: jax.Array, cfg: DeepReluConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
-    """Run the deep-ReLU experiment (see the module docstring); summary keys in the README."""
+    """Run the deep-ReLU experiment (see the module docstring).
+
+    The result's summary holds the fields of :class:`Summary` (``Summary.of(result)`` reads it typed)."""
     require_x64("deep-relu")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
@@ -173,7 +250,7 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
             f"{prefix}_sampler": res_.sampler,
         }
 
-    summary = {
+    summary = Summary(**{
         "n_params": models.n_params(model),
         "reference": "NUTS",
         "rhat_max": diag_nuts["rhat_max"],
@@ -207,7 +284,7 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
         "data": data.description,
         "prior": f"weights N(0, {cfg.weight_var:g}/fan_in), biases N(0, {cfg.bias_var:g})",
         "prior_faithful": f"weights N(0, {cfg.faithful_weight_var:g}), biases N(0, {cfg.bias_var:g})",
-    }
+    }).as_summary()
     arrays = {
         "x": data.x,
         "y": data.y,

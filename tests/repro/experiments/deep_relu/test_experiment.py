@@ -65,7 +65,7 @@ def test_reference_noise_shape_errors():
 
 
 @pytest.mark.slow
-def test_tiny_run_has_the_contract_keys():
+def test_tiny_run_has_the_contract_keys(tmp_path):
     cfg = dataclasses.replace(
         DeepReluConfig.quick(), depth=2, width=8,
         mh=MHConfig(proposal_var=0.01, burn_in=50, thin=5, draws=10, chains=2),
@@ -81,6 +81,21 @@ def test_tiny_run_has_the_contract_keys():
     assert s["agreement_steps"] == [0, 30] and len(s["mean_abs_diff_mean_along"]) == 2
     assert res["f_nuts"].shape == (40, 15)
     assert 0 <= s["mh_faithful_accept_rate"] <= 1
+    # The typed summary is the summary.json, also read back from disk; the rules read it as they read the dict.
+    from bootens_core.repro import store
+
+    typed = deep_relu.Summary.of(res)
+    assert typed.as_summary() == s
+    assert deep_relu.Summary.of(store.load(store.save(res, tmp_path / "r"))) == typed
+    assert ({k: str(v) for k, v in deep_relu.verdicts.evaluate(typed).items()}
+            == {k: str(v) for k, v in deep_relu.verdicts.evaluate(s).items()})
+    assert deep_relu.verdicts.along(typed).equals(deep_relu.verdicts.along(s))
+    assert deep_relu.verdicts.reference(typed).equals(deep_relu.verdicts.reference(s))
+    # A single-chain reference has no half-vs-half keys: None in the record, absent from summary.json.
+    single = dataclasses.replace(typed, **{f.name: None for f in dataclasses.fields(typed)
+                                           if f.name.startswith(("reference_split_", "reference_noise_"))})
+    assert not any(k.startswith("reference_") for k in single.as_summary())
+    assert deep_relu.Summary.of(single.as_summary()) == single
     from tests.repro.test_plots import render
 
     for fig in (deep_relu.figures.stages(res), deep_relu.figures.agreement(res), deep_relu.figures.faithful(res),
