@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, run, QUADRANTS, RECORD_KEYS, RECORD_LABELS, STEP_LABELS,
+    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, QUADRANTS, RECORD_KEYS, RECORD_LABELS, STEP_LABELS,
     rhat_null_quantile, Bins, bins, bin_log_posterior, bin_log_gaussian, binned_kl, bin_counts, histogram_kl,
     curvatures, overshoot_steps, same_sign_slopes, curve_statistics,
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "QUADRANTS", "RECORD_KEYS", "RECORD_LABELS",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "QUADRANTS", "RECORD_KEYS", "RECORD_LABELS",
     "STEP_LABELS", "rhat_null_quantile", "Bins", "bins", "bin_log_posterior", "bin_log_gaussian",
     "binned_kl", "bin_counts", "histogram_kl", "curvatures", "overshoot_steps", "same_sign_slopes",
     "curve_statistics", "figures", "verdicts",

@@ -25,7 +25,8 @@ time horizon ``step * h``, and follows the particles whose two weights share a s
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ from .config import ToyReluConfig
 from ....data import synthetic
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "QUADRANTS", "RECORD_KEYS", "RECORD_LABELS", "STEP_LABELS",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "QUADRANTS", "RECORD_KEYS", "RECORD_LABELS", "STEP_LABELS",
     "rhat_null_quantile", "Bins", "bins", "bin_log_posterior", "bin_log_gaussian", "binned_kl", "bin_counts",
     "histogram_kl", "curvatures", "overshoot_steps", "same_sign_slopes", "curve_statistics", ]
 
@@ -49,6 +50,58 @@ NAME = "toy-relu"
 DESCRIPTION = "Toy ReLU network (2 weights): ensemble vs Metropolis-Hastings vs the exact grid posterior, KL curve"
 ARTEFACTS = ("Figure 4",)
 Config = ToyReluConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary(store.TypedSummary):
+    """Figure 4 in numbers: the keys of the run's ``summary.json``.
+
+    The paper's KL estimate (``kl_estimator``) along the optimisation against the MH reference (``*_vs_mh``)
+    and against the exact grid posterior (``*_vs_exact``), with the floor it can reach (``kde_self_distance_*``:
+    the same estimate for exact posterior samples); the MH reference's diagnostics (``rhat_*`` against the
+    i.i.d. quantile ``rhat_iid_q99``, ``ess_*``, ``mh_*``); the posterior mass of each sign quadrant
+    (``quadrant_mass_*``, in the order of ``quadrants``); the setting. ``histogram``: the histogram-estimator
+    study, a nested dict (its keys are read by :mod:`.verdicts`).
+    """
+
+    kl_monotone_fraction: float
+    kl_monotone_fraction_exact: float
+    kl_max_increase: float
+    kl_max_increase_exact: float
+    kl_max_increase_step: int
+    kl_settled_step: int
+    kl_initial_vs_mh: float
+    kl_initial_vs_exact: float
+    kl_final_vs_mh: float
+    kl_final_vs_exact: float
+    kl_min_vs_exact: float
+    kl_min_vs_exact_step: int
+    kl_mh_vs_exact: float
+    kde_self_distance_mean: float
+    kde_self_distance_sd: float
+    kde_self_distance_populations: int
+    rhat_max: float
+    rhat_mean: float
+    rhat_iid_q99: float
+    ess_min: float
+    ess_tail_min: float
+    mh_accept_rate: float
+    mh_samples: int
+    mh_sampler: str
+    quadrants: list[str]
+    quadrant_mass_exact: list[float]
+    quadrant_mass_ensemble: list[float]
+    quadrant_mass_mh: list[float]
+    kl_steps_evaluated: int
+    n_particles: int
+    steps: int
+    step_size: float
+    optimizer: str
+    diverged_particles: int
+    data: str
+    kl_estimator: str
+    histogram: dict[str, Any]
+
 QUADRANTS = ("w1>0, w2>0", "w1>0, w2<0", "w1<0, w2>0", "w1<0, w2<0")
 # The summary numbers a chapter shows side by side for two runs (e.g. quick profile vs a committed paper run),
 # with the readable label of each (the KL is the paper's KDE estimate, against MH or the exact grid posterior).
@@ -442,7 +495,9 @@ def _histogram_study(key: jax.Array, cfg: ToyReluConfig, model: models.Model, da
 def run(
     key: jax.Array, cfg: ToyReluConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
-    """Run the toy-ReLU experiment (see the module docstring); summary keys in the README."""
+    """Run the toy-ReLU experiment (see the module docstring).
+
+    The result's summary holds the fields of :class:`Summary` (``Summary.of(result)`` reads it typed)."""
     require_x64("toy-relu")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
@@ -547,7 +602,7 @@ def _compute(key: jax.Array, cfg: ToyReluConfig, progress: bool):
     dk_exact = np.diff(kl_vs_exact)
     dk = np.where(np.abs(dk) <= 1e-9 * np.abs(kl_vs_mh).max(), 0.0, dk)
     dk_exact = np.where(np.abs(dk_exact) <= 1e-9 * np.abs(kl_vs_exact).max(), 0.0, dk_exact)
-    summary = {
+    summary = Summary(**{
         "kl_monotone_fraction": float(np.mean(dk <= 0)),
         "kl_monotone_fraction_exact": float(np.mean(dk_exact <= 0)),
         "kl_max_increase": float(max(dk.max(), 0.0)),
@@ -586,7 +641,7 @@ def _compute(key: jax.Array, cfg: ToyReluConfig, progress: bool):
         "kl_estimator": "KL(KDE(samples) || p) by Simpson's rule on a grid; scipy gaussian_kde (Scott's rule); "
         f"both densities renormalised on [-{cfg.grid_half_width:g}, {cfg.grid_half_width:g}]^2",
         "histogram": hist_summary,
-    }
+    }).as_summary()
     arrays = {
         "x": data.x,
         "y": data.y,

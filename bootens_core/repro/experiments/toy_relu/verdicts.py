@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,7 @@ import pandas as pd
 
 from ... import report
 from ...store import Result
-from .experiment import STEP_LABELS
+from .experiment import STEP_LABELS, Summary
 
 __all__ = ["KL_T", "STEP_NAMES", "evaluate", "kl_table", "same_sign_table"]
 
@@ -30,7 +31,7 @@ def _trend(d: float, se: float) -> tuple[str, float, float | None]:
     return word, float(t), abs(abs(t) - KL_T)
 
 
-def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
+def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     """Verdicts of the toy-ReLU chapter (Figure 4).
 
     With the histogram study (``s["histogram"]``, see ``experiments.toy_relu``), every KL statistic is a
@@ -55,6 +56,8 @@ def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
     Margins: histogram statistics in SE units (``| |t| - 4 |``); KDE statistics in units of the KDE
     self-distance's sd; R-hat in units of its i.i.d. noise, taken as (q99 - 1) / 2.33.
     """
+    if isinstance(s, Summary):
+        s = dataclasses.asdict(s)
     out: dict[str, report.Verdict] = {}
     h = s.get("histogram")
     sd = s["kde_self_distance_sd"]

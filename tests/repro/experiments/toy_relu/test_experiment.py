@@ -40,6 +40,22 @@ def test_same_key_same_result(result):
     assert again.summary == result.summary
 
 
+def test_typed_summary_is_the_summary_json(result, tmp_path):
+    """The typed summary holds exactly the keys the run writes, also read back from disk; the verdicts read
+    it as they read the dict."""
+    import dataclasses as dc
+
+    from bootens_core.repro import store
+
+    typed = toy_relu.Summary.of(result)
+    assert dc.asdict(typed) == result.summary
+    assert toy_relu.Summary.of(store.load(store.save(result, tmp_path / "r"))) == typed
+    assert ({k: str(v) for k, v in toy_relu.verdicts.evaluate(typed).items()}
+            == {k: str(v) for k, v in toy_relu.verdicts.evaluate(result.summary).items()})
+    with pytest.raises(ValueError, match="no histogram: not a Summary"):
+        toy_relu.Summary.of({k: v for k, v in result.summary.items() if k != "histogram"})
+
+
 def test_exact_posterior_is_symmetric_under_swapping_the_units(result):
     """f(x; w1, w2) = f(x; w2, w1), and the prior is exchangeable: the grid posterior must be symmetric."""
     lp = result["log_exact"]
