@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, METHODS, run, agreement,
+    NAME, DESCRIPTION, ARTEFACTS, Config, METHODS, Summary, run, agreement,
 )
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "run", "agreement", "figures", "verdicts"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "Summary", "run", "agreement", "figures", "verdicts"]

@@ -14,6 +14,9 @@ predictive (mean of the members' probabilities) and ECE with reliability diagram
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +28,7 @@ from ...config import require_x64
 from .config import ClassificationConfig
 from ....data import synthetic, tabular
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "run", "agreement"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "Summary", "run", "agreement"]
 
 NAME = "classification"
 DESCRIPTION = "Dirichlet latent regression + Algorithm 1 vs NUTS (1-D), and real data with ECE"
@@ -35,10 +38,58 @@ METHODS = ("bootstrap", "plain", "mcd")
 METHOD_LABELS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Summary(store.TypedSummary):
+    """The classification chapter in numbers: the keys of the run's ``summary.json``.
+
+    Synthetic part: the agreement statistics of :func:`agreement` of the bootstrap ensemble (``*_vs_mcmc``) and
+    of the plain ensemble (``plain_*``) with the NUTS reference, the reference against itself
+    (``reference_split_*``), its diagnostics (``rhat_*``, ``ess_bulk_min``, ``nuts_*``), the ``alpha_eps`` study
+    (statistics per value, and the value with the smallest band difference, None without a study) and the
+    setting. Real part: ``real``, per dataset the splits' metrics of each method (a nested dict read by
+    :mod:`.verdicts`), and its setting (``real_*``, ``ece_bins``).
+    """
+
+    OPTIONAL = (("alpha_eps_best_band_mad",),)
+
+    prob_mad_vs_mcmc: float
+    band_mad_vs_mcmc: float
+    band_coverage_vs_mcmc: float
+    plain_prob_mad_vs_mcmc: float
+    plain_band_mad_vs_mcmc: float
+    plain_band_coverage_vs_mcmc: float
+    reference_split_prob_mad: float
+    reference_split_band_mad: float
+    rhat_max: float
+    rhat_mean: float
+    ess_bulk_min: float
+    nuts_divergences: int
+    nuts_accept_rate: float
+    nuts_mean_num_steps: float
+    nuts_sampler: str
+    nuts_draws_total: int
+    diverged_particles: int
+    n_particles: int
+    n_params: int
+    offset: list[float]
+    optimizer: str
+    data: str
+    prior: str
+    alpha_eps: float
+    alpha_eps_study: dict[str, dict[str, float]]
+    real: dict[str, Any]
+    real_optimizer: str
+    ece_bins: int
+    real_particles: int
+    alpha_eps_best_band_mad: float | None = None
+
+
 def run(
     key: jax.Array, cfg: ClassificationConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
-    """Run both parts (module docstring); summary keys in the README."""
+    """Run both parts (module docstring).
+
+    The result's summary holds the fields of :class:`Summary` (``Summary.of(result)`` reads it typed)."""
     require_x64("classification")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
@@ -284,4 +335,4 @@ def _compute(key: jax.Array, cfg: ClassificationConfig, progress: bool):
     k_syn, k_real = jax.random.split(key)
     arrays, summary = _synthetic(k_syn, cfg, progress)
     arrays_r, summary_r = _real(k_real, cfg, progress)
-    return {**arrays, **arrays_r}, {**summary, **summary_r}
+    return {**arrays, **arrays_r}, Summary(**summary, **summary_r).as_summary()

@@ -9,7 +9,7 @@ import pandas as pd
 from scipy import stats
 
 from ... import report
-from .experiment import METHOD_LABELS
+from .experiment import METHOD_LABELS, Summary
 
 __all__ = ["evaluate", "agreement", "table", "paired", "buys"]
 
@@ -19,12 +19,17 @@ __all__ = ["evaluate", "agreement", "table", "paired", "buys"]
 _METRICS = ("accuracy", "mnll", "ece")
 
 
+def _as_dict(s: Summary | dict[str, Any]) -> dict[str, Any]:
+    """The rules read the summary's keys: a typed :class:`Summary` as its ``summary.json`` dict."""
+    return s.as_summary() if isinstance(s, Summary) else s
+
+
 def _dataset_label(name: str) -> str:
     """A dataset's name as a reader reads it (``breast_cancer`` -> ``breast cancer``)."""
     return name.replace("_", " ")
 
 
-def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
+def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     """Verdicts of the classification chapter.
 
     ``reference``: NUTS is converged when the R-hat of p(y = 1 | x) is below 1.1 everywhere on the grid.
@@ -32,6 +37,7 @@ def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
     chapter's rule: the ensemble's 95% band covers at least 80% of the reference band, averaged over x.
     No noise scale is known for these single-run statistics: margins are ``None``.
     """
+    s = _as_dict(s)
     ref = "converged" if s["rhat_max"] < 1.1 else "NOT converged (max R-hat above 1.1)"
     ok = s["band_coverage_vs_mcmc"] >= 0.8
     return {"reference": report.Verdict(ref, f"largest R-hat of p(y = 1 | x) {s['rhat_max']:.4f} (limit 1.1)"),
@@ -40,9 +46,10 @@ def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
                                         "(limit 0.8)")}
 
 
-def agreement(s: dict[str, Any]) -> pd.DataFrame:
+def agreement(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """Agreement with NUTS on the grid: the bootstrap and plain ensembles at the paper's alpha_eps, the
     alpha_eps study, and NUTS against itself (half of its chains vs the other half: the noise floor)."""
+    s = _as_dict(s)
     rows = [
         (f"Bootstrap ensemble, α_ε = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["band_mad_vs_mcmc"],
          s["band_coverage_vs_mcmc"]),
@@ -59,8 +66,9 @@ def agreement(s: dict[str, Any]) -> pd.DataFrame:
     return df.set_index("distribution of classifiers").round(3)
 
 
-def table(s: dict[str, Any]) -> pd.DataFrame:
+def table(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """Real datasets: accuracy, MNLL and ECE per method, mean ± std over splits."""
+    s = _as_dict(s)
     rows = []
     for ds, entry in s["real"].items():
         for m, label in METHOD_LABELS.items():

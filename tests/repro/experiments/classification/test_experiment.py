@@ -69,6 +69,24 @@ def test_tiny_run_has_the_contract_keys(tiny):
 
 
 @pytest.mark.slow
+def test_typed_summary_is_the_summary_json(tiny, tmp_path):
+    """The typed summary holds exactly the keys the run writes, also read back from disk; the rules and tables
+    read it as they read the dict; without an alpha_eps study the best value is None and not written."""
+    from bootens_core.repro import store
+
+    typed = classification.Summary.of(tiny)
+    assert typed.as_summary() == tiny.summary and typed.alpha_eps_best_band_mad in (0.01, 0.1)
+    assert classification.Summary.of(store.load(store.save(tiny, tmp_path / "r"))) == typed
+    assert ({k: str(v) for k, v in classification.verdicts.evaluate(typed).items()}
+            == {k: str(v) for k, v in classification.verdicts.evaluate(tiny.summary).items()})
+    assert classification.verdicts.agreement(typed).equals(classification.verdicts.agreement(tiny.summary))
+    assert classification.verdicts.table(typed).equals(classification.verdicts.table(tiny.summary))
+    no_study = dataclasses.replace(typed, alpha_eps_study={}, alpha_eps_best_band_mad=None)
+    assert "alpha_eps_best_band_mad" not in no_study.as_summary()
+    assert classification.Summary.of(no_study.as_summary()) == no_study
+
+
+@pytest.mark.slow
 def test_tiny_run_tables_and_figures(tiny):
     verdicts = classification.verdicts.evaluate(tiny.summary)
     assert set(verdicts) == {"reference", "agreement"}
