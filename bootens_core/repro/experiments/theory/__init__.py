@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, run, SETTINGS, record_steps,
+    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, SETTINGS, record_steps,
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "SETTINGS", "record_steps", "figures", "verdicts",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "SETTINGS", "record_steps", "figures", "verdicts",
 ]

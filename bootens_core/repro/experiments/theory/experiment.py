@@ -9,6 +9,9 @@ estimated from the particles' score (``E[g . (grad log q - grad log p)]``) and c
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +24,7 @@ from ...config import require_x64
 from .config import TheoryConfig
 from ....data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "SETTINGS", "record_steps"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "SETTINGS", "record_steps"]
 
 NAME = "theory"
 DESCRIPTION = "Theorems 1-2 and Lemma 1 measured on particles: linear, ReLU, tanh and unperturbed ensembles"
@@ -30,10 +33,40 @@ Config = TheoryConfig
 SETTINGS = ("linear", "relu", "tanh", "unperturbed")
 
 
+@dataclasses.dataclass(frozen=True)
+class Summary(store.TypedSummary):
+    """Theorems 1-2 and Lemma 1 in numbers: the keys of the run's ``summary.json``.
+
+    One dict per setting of :data:`SETTINGS` (``linear``, ``relu``, ``tanh``, ``unperturbed``): the shares of
+    recorded steps where each condition holds, the first step where it fails (None when it never does), the
+    curvature term and, for the linear settings, the measured against the exact KL rate; ``lemma1``: one row
+    per setting and time (start, end) of the Lemma 1 check, with the extremes of its z-scores.
+    """
+
+    linear: dict[str, Any]
+    relu: dict[str, Any]
+    tanh: dict[str, Any]
+    unperturbed: dict[str, Any]
+    lemma1: list[dict[str, Any]]
+    lemma1_z_corrected_abs_max: float
+    lemma1_z_paper_abs_min: float
+    lemma1_z_paper_abs_max: float
+    settings: list[str]
+
+
+    def setting(self, name: str) -> dict[str, Any]:
+        """The numbers of setting ``name`` (one of :data:`SETTINGS`)."""
+        if name not in SETTINGS:
+            raise ValueError(f"unknown setting {name!r}: choose one of {', '.join(SETTINGS)}")
+        return getattr(self, name)
+
+
 def run(
     key: jax.Array, cfg: TheoryConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
-    """Run the theory experiment (see the module docstring); summary keys in the README."""
+    """Run the theory experiment (see the module docstring).
+
+    The result's summary holds the fields of :class:`Summary` (``Summary.of(result)`` reads it typed)."""
     require_x64("theory")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
@@ -199,18 +232,20 @@ def _compute(key: jax.Array, cfg: TheoryConfig, progress: bool):
         # The same problem and key as ``linear``, without perturbations.
         "unperturbed": _linear_setting(k_lin, cfg, progress, perturbed=False),
     }
-    summary: dict = {}
+    per_setting: dict[str, dict] = {}
     arrays: dict[str, np.ndarray] = {}
     lemma_rows = []
     for name, (m, s, lem) in results.items():
-        summary[name] = s
+        per_setting[name] = s
         for k, v in m.items():
             arrays[f"{name}__{k}"] = np.asarray(v)
         for when, chk in zip(("start", "end"), lem, strict=True):
             lemma_rows.append({"setting": name, "when": when, **{k: float(v) for k, v in chk._asdict().items()}})
-    summary["lemma1"] = lemma_rows
-    summary["lemma1_z_corrected_abs_max"] = max(abs(r["z_corrected"]) for r in lemma_rows)
-    summary["lemma1_z_paper_abs_min"] = min(abs(r["z_paper"]) for r in lemma_rows)
-    summary["lemma1_z_paper_abs_max"] = max(abs(r["z_paper"]) for r in lemma_rows)
-    summary["settings"] = list(SETTINGS)
-    return arrays, summary
+    summary = Summary(
+        **per_setting, lemma1=lemma_rows,
+        lemma1_z_corrected_abs_max=max(abs(r["z_corrected"]) for r in lemma_rows),
+        lemma1_z_paper_abs_min=min(abs(r["z_paper"]) for r in lemma_rows),
+        lemma1_z_paper_abs_max=max(abs(r["z_paper"]) for r in lemma_rows),
+        settings=list(SETTINGS),
+    )
+    return arrays, summary.as_summary()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ... import report
+from .experiment import Summary
 
 __all__ = ["evaluate"]
 
 
-def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
+def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     """Verdicts of the theory chapter.
 
     ``lemma1``: the lemma claims an identity for every theta, so one decisive Monte-Carlo rejection
@@ -24,6 +26,8 @@ def evaluate(s: dict[str, Any]) -> dict[str, report.Verdict]:
     remains of the theorem (the corrected condition, for the flow averaged over perturbations) is not a
     statement about Algorithm 1. Margins are in z units.
     """
+    if isinstance(s, Summary):
+        s = dataclasses.asdict(s)
     zp, zc = s["lemma1_z_paper_abs_max"], s["lemma1_z_corrected_abs_max"]
     lem, lem_margin = report.all_pass([(zp > 5, report.distance(zp, 5, 1.0)), (zc < 4, report.distance(zc, 4, 1.0))])
     lin = s["linear"]

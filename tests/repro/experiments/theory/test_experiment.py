@@ -38,6 +38,23 @@ def test_contract_keys(result):
 
 
 @pytest.mark.slow
+def test_typed_summary_is_the_summary_json(result, tmp_path):
+    """The typed summary holds exactly the keys the run writes, also read back from disk; the verdicts read it
+    as they read the dict; a setting is read by its name."""
+    import dataclasses
+
+    from bootens_core.repro import store
+
+    typed = theory.Summary.of(result)
+    assert dataclasses.asdict(typed) == result.summary
+    assert theory.Summary.of(store.load(store.save(result, tmp_path / "r"))) == typed
+    assert ({k: str(v) for k, v in theory.verdicts.evaluate(typed).items()}
+            == {k: str(v) for k, v in theory.verdicts.evaluate(result.summary).items()})
+    assert typed.setting("tanh") == result.summary["tanh"]
+    with pytest.raises(ValueError, match="unknown setting 'sigmoid'"):
+        typed.setting("sigmoid")
+
+
 def test_measured_linear_rate_agrees_with_the_closed_form(result):
     """The particles' score-based KL rate is within Monte-Carlo error of the exact rate at every recorded step
     (4 se; 8 steps), and the exact rate of the perturbed ensemble is never positive."""
