@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, run, trig_model, gradient_ascent_at,
+    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, trig_model, gradient_ascent_at,
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "trig_model", "gradient_ascent_at", "figures",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "trig_model", "gradient_ascent_at", "figures",
     "verdicts",
 ]

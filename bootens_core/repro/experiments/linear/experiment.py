@@ -10,6 +10,8 @@ Gaussian), and the Section 4.1 check that closed-form perturbed MAPs have the po
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +24,7 @@ from ...config import require_x64
 from .config import LinearConfig
 from ....data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "trig_model", "gradient_ascent_at"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "trig_model", "gradient_ascent_at"]
 
 NAME = "linear"
 DESCRIPTION = "Bayesian linear regression, 1024 trigonometric features: particles vs exact posterior, KL curve"
@@ -30,10 +32,90 @@ ARTEFACTS = ("Figure 2", "Figure 5", "Section 4.1")
 Config = LinearConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class Summary(store.TypedSummary):
+    """Figures 2 and 5 and Section 4.1 in numbers: the keys of the run's ``summary.json``.
+
+    KL curves (``kl_*``) are the data-subspace estimate ``kl_estimator`` of KL(q_t || p) over the particles;
+    the self-distance (``self_distance_*``) is the same estimator on populations of exact posterior samples
+    (mean and sd over ``n_selfdist_populations``; ``self_distance_expected`` its closed form). ``paper_setting_*``:
+    Adagrad at the paper's step and step count; the run that reaches the self-distance (``step_size``,
+    ``steps``) is named in ``deviation``. ``gd_*``: plain gradient ascent at h = 1/lambda_max (exact population
+    law and the particles' estimate); ``paper_step_gd_*``: plain gradient ascent at the paper's step.
+    ``map_*``: Section 4.1's check that closed-form perturbed MAPs have the posterior's moments, with the same
+    statistics of exact samples as reference. ``paper_setting_continued_*``: the paper's Adagrad run continued
+    (present when the config continues it, else None). Step counts to a level are None when never reached.
+    """
+
+    OPTIONAL = (("paper_setting_continued_steps", "paper_setting_continued_steps_to_self_distance_2sd",
+                 "paper_setting_continued_steps_to_self_distance_3sd"),)
+
+    kl_initial: float
+    kl_final: float
+    kl_monotone_fraction: float
+    kl_max_rise: float
+    kl_max_rise_step: int
+    kl_rising_steps: int
+    kl_estimator: str
+    kl_subspace_dim: int
+    deviation: str
+    paper_setting_kl_final: float
+    paper_setting_kl_final_accumulator_0: float
+    paper_setting_kl_monotone_fraction: float
+    paper_setting_kl_final_in_self_distance_sd: float
+    paper_setting_steps: int
+    paper_setting_step_size: float
+    steps_to_self_distance_2sd: int | None
+    self_distance_mean: float
+    self_distance_sd: float
+    self_distance_expected: float
+    kl_final_in_self_distance_sd: float
+    adagrad_residual_median: float
+    adagrad_residual_max: float
+    off_subspace_var_ratio: float
+    optimizer: str
+    gd_step_size: float
+    gd_steps_to_self_distance: int | None
+    gd_empirical_kl_final: float
+    gd_exact_kl_final: float
+    gd_steps: int
+    paper_step_gd_step_size: float
+    paper_step_gd_steps: int
+    paper_step_gd_spectral_radius: float
+    paper_step_gd_kl_final: float
+    lambda_max: float
+    lambda_min_data: float
+    map_n_samples: int
+    map_cov_rel_error: float
+    map_cov_rel_error_expected: float
+    map_cov_rel_error_exact_samples_mean: float
+    map_cov_rel_error_exact_samples_sd: float
+    map_cov_z: float
+    map_subspace_kl: float
+    map_subspace_kl_expected: float
+    map_subspace_kl_exact_samples_sd: float
+    map_subspace_kl_z: float
+    map_mean_chi2: float
+    map_mean_chi2_dof: int
+    map_mean_chi2_pvalue: float
+    n_particles: int
+    n_features: int
+    steps: int
+    step_size: float
+    feature_scale: str
+    feature_scale_value: float
+    prior_function_sd: float
+    paper_setting_continued_steps: int | None = None
+    paper_setting_continued_steps_to_self_distance_2sd: int | None = None
+    paper_setting_continued_steps_to_self_distance_3sd: int | None = None
+
+
 def run(
     key: jax.Array, cfg: LinearConfig, *, use_cache: bool = True, force: bool = False, progress: bool = False
 ) -> store.Result:
-    """Run the linear-regression experiment (see the module docstring); summary keys in the README."""
+    """Run the linear-regression experiment (see the module docstring).
+
+    The result's summary holds the fields of :class:`Summary` (``Summary.of(result)`` reads it typed)."""
     require_x64("linear")
     return store.cached(NAME, key, cfg, lambda: _compute(key, cfg, progress), use_cache=use_cache, force=force)
 
@@ -155,7 +237,13 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
     post_var_f = np.sum(G**2 / post.lam, axis=1) + cfg.prior_var * (np.sum(Phi_grid**2, axis=1) - np.sum(G**2, axis=1))
 
     diffs = np.diff(kl_curve)
-    summary = {
+    continued = {}
+    if cfg.paper_steps_continued > cfg.paper_steps:
+        continued["paper_setting_continued_steps"] = cfg.paper_steps_continued
+        for n_sd in (2, 3):
+            continued[f"paper_setting_continued_steps_to_self_distance_{n_sd}sd"] = _first_below(
+                kl_paper_long, selfd.mean() + n_sd * selfd.std(ddof=1))
+    summary = Summary(**{
         "kl_initial": float(kl_curve[0]),
         "kl_final": float(kl_curve[-1]),
         "kl_monotone_fraction": float(np.mean(diffs <= 0)),
@@ -215,12 +303,7 @@ def _compute(key: jax.Array, cfg: LinearConfig, progress: bool):
         "feature_scale": cfg.feature_scale,
         "feature_scale_value": cfg.feature_scale_value,
         "prior_function_sd": float(np.sqrt(np.mean(cfg.prior_var * np.sum(Phi_grid**2, axis=1)))),
-    }
-    if cfg.paper_steps_continued > cfg.paper_steps:
-        summary["paper_setting_continued_steps"] = cfg.paper_steps_continued
-        for n_sd in (2, 3):
-            summary[f"paper_setting_continued_steps_to_self_distance_{n_sd}sd"] = _first_below(
-                kl_paper_long, selfd.mean() + n_sd * selfd.std(ddof=1))
+    }, **continued).as_summary()
     arrays = {
         "x": data.x,
         "y": data.y,

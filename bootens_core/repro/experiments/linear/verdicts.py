@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ... import report
+from .experiment import Summary
 
 __all__ = ["evaluate"]
 
 
-def evaluate(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> dict[str, report.Verdict]:
+def evaluate(s: Summary | dict[str, Any], scaled: Summary | dict[str, Any] | None = None) -> dict[str, report.Verdict]:
     """Verdicts of the linear chapter.
 
     Figures 2/5: the final KL within 3 sd of the self-distance. Section 4.1: |z| < 4 for the full covariance
@@ -19,7 +21,10 @@ def evaluate(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> dict[st
     ``scaled``: the summary of the same experiment with ``feature_scale = "sqrt(2/D)"``; adds ``"scaled"``:
     whether the paper's Adagrad setting (``paper_setting_step_size``, ``paper_setting_steps``) reaches the
     self-distance on that model, by the same rule (KL after its last step within 3 sd of the self-distance).
+
+    ``s``, ``scaled``: the runs' :class:`Summary`, or dicts with at least the keys the rules read.
     """
+    s, scaled = (dataclasses.asdict(x) if isinstance(x, Summary) else x for x in (s, scaled))
     sd = s["self_distance_sd"]
     limit = s["self_distance_mean"] + 3 * sd
     kl_ok = s["kl_final"] <= limit
@@ -54,7 +59,7 @@ def evaluate(s: dict[str, Any], scaled: dict[str, Any] | None = None) -> dict[st
         c_ev = (f"features × {c['feature_scale']}, Adagrad h = {c['paper_setting_step_size']:g}: KL after {n} steps "
                 f"{c['paper_setting_kl_final']:.3f}; limit: self-distance {c['self_distance_mean']:.3f} + 3 × "
                 f"{c_sd:.3f} = {c_limit:.3f}")
-        if "paper_setting_continued_steps_to_self_distance_3sd" in c:
+        if c.get("paper_setting_continued_steps") is not None:
             first = c["paper_setting_continued_steps_to_self_distance_3sd"]
             c_ev += (f"; the same run continued: within the limit from step {first}" if first is not None else
                      f"; the same run continued to {c['paper_setting_continued_steps']} steps: never within it")

@@ -1,9 +1,10 @@
 """experiments.linear (Figures 2 and 5, Section 4.1) at the quick profile (= the paper's scale).
 
-The experiment runs once for the module (about a minute on 2 cores), with the cache off. Tolerances:
-the self-distance and the Section 4.1 reference are estimated from n = 20 repetitions, so a z-score built on
-their sample sd follows Student's t with n - 1 degrees of freedom; we reject at two-sided level 1e-4
-(|t_19| > 5.0), or the matching one-sided prediction bound for a single new draw.
+The experiment runs once for the module (about a minute on 2 cores), with the cache off, and is handed to the book
+build that follows (the chapter runs the same configuration; ``publish`` in conftest.py). Tolerances: the
+self-distance and the Section 4.1 reference are estimated from n = 20 repetitions, so a z-score built on their
+sample sd follows Student's t with n - 1 degrees of freedom; we reject at two-sided level 1e-4 (|t_19| > 5.0), or
+the matching one-sided prediction bound for a single new draw.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ CONTRACT = (
 
 
 @pytest.fixture(scope="module")
-def result():
-    return experiment.run(jax.random.key(CFG.seed), CFG, use_cache=False)
+def result(publish):
+    res = experiment.run(jax.random.key(CFG.seed), CFG, use_cache=False)
+    publish(res)  # the chapter's own run: the book build that follows reads it
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,29 @@ def test_contract_keys(result):
     assert s["self_distance_mean"] == pytest.approx(selfd.mean()) and s["self_distance_sd"] == pytest.approx(
         selfd.std(ddof=1)
     )
+
+
+def test_typed_summary_is_the_summary_json(result, tmp_path):
+    """The typed summary holds exactly the keys the run writes (the continued run's only when it ran), also
+    read back from disk; the verdicts read it as they read the dict."""
+    import dataclasses
+
+    from bootens_core.repro import store
+
+    typed = experiment.Summary.of(result)
+    assert typed.as_summary() == result.summary
+    assert experiment.Summary.of(store.load(store.save(result, tmp_path / "r"))) == typed
+    assert {k: str(v) for k, v in experiment.verdicts.evaluate(typed, typed).items()} == {
+        k: str(v) for k, v in experiment.verdicts.evaluate(result.summary, result.summary).items()}
+    # The continued run is optional: without it the fields are None and summary.json lacks them.
+    assert CFG.paper_steps_continued <= CFG.paper_steps or typed.paper_setting_continued_steps is not None
+    short = dataclasses.replace(typed, paper_setting_continued_steps=None,
+                                paper_setting_continued_steps_to_self_distance_2sd=None,
+                                paper_setting_continued_steps_to_self_distance_3sd=None)
+    assert not any(k.startswith("paper_setting_continued_") for k in short.as_summary())
+    assert experiment.Summary.of(short.as_summary()) == short
+    with pytest.raises(ValueError, match="no kl_final: not a Summary"):
+        experiment.Summary.of({k: v for k, v in result.summary.items() if k != "kl_final"})
 
 
 def test_self_distance_matches_its_closed_form(result):
