@@ -38,6 +38,7 @@ __all__ = [
     "save",
     "load",
     "load_record",
+    "summary_dict",
     "cached",
     "provenance",
     "summary_as",
@@ -241,6 +242,13 @@ class TypedSummary:
                 for name in group:
                     del d[name]
         return d
+
+
+def summary_dict(s: TypedSummary | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``summary.json`` dict of a typed summary (``s.as_summary()``); a dict (or None) is returned as is.
+
+    For the rules and tables that take either a chapter's record or a committed summary dict."""
+    return s.as_summary() if isinstance(s, TypedSummary) else s
 
 
 def load(directory: str | os.PathLike[str]) -> Result:

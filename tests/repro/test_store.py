@@ -313,3 +313,26 @@ def test_summary_as_lets_fields_with_defaults_be_absent():
     assert store.summary_as(_TypedOptional, {"a": 1.0, "c": 3}) == _TypedOptional(1.0, 3)
     with pytest.raises(ValueError, match="the summary has no a: not a _TypedOptional"):
         store.summary_as(_TypedOptional, {"c": 3})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record(store.TypedSummary):
+    OPTIONAL = (("c", "d"),)
+    a: float
+    c: int | None = None
+    d: str | None = None
+
+
+def test_typed_summary_drops_an_optional_group_the_run_did_not_compute():
+    assert _Record(1.0).as_summary() == {"a": 1.0}
+    assert _Record(1.0, 2, "x").as_summary() == {"a": 1.0, "c": 2, "d": "x"}
+    assert _Record.of({"a": 1.0}) == _Record(1.0)
+    assert _Record.of(_Record(1.0, 2, "x").as_summary()) == _Record(1.0, 2, "x")
+
+
+def test_summary_dict_takes_the_record_or_the_dict():
+    rec = _Record(1.0, 2, "x")
+    assert store.summary_dict(rec) == {"a": 1.0, "c": 2, "d": "x"}
+    d = {"a": 3.0}
+    assert store.summary_dict(d) is d
+    assert store.summary_dict(None) is None

@@ -9,19 +9,13 @@ import pandas as pd
 from scipy import stats
 
 from ... import report
+from ...store import summary_dict
 from .experiment import METHOD_LABELS, Summary
 
 __all__ = ["evaluate", "agreement", "table", "paired", "buys"]
 
 
-
-
 _METRICS = ("accuracy", "mnll", "ece")
-
-
-def _as_dict(s: Summary | dict[str, Any]) -> dict[str, Any]:
-    """The rules read the summary's keys: a typed :class:`Summary` as its ``summary.json`` dict."""
-    return s.as_summary() if isinstance(s, Summary) else s
 
 
 def _dataset_label(name: str) -> str:
@@ -37,7 +31,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     chapter's rule: the ensemble's 95% band covers at least 80% of the reference band, averaged over x.
     No noise scale is known for these single-run statistics: margins are ``None``.
     """
-    s = _as_dict(s)
+    s = summary_dict(s)
     ref = "converged" if s["rhat_max"] < 1.1 else "NOT converged (max R-hat above 1.1)"
     ok = s["band_coverage_vs_mcmc"] >= 0.8
     return {"reference": report.Verdict(ref, f"largest R-hat of p(y = 1 | x) {s['rhat_max']:.4f} (limit 1.1)"),
@@ -49,7 +43,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
 def agreement(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """Agreement with NUTS on the grid: the bootstrap and plain ensembles at the paper's alpha_eps, the
     alpha_eps study, and NUTS against itself (half of its chains vs the other half: the noise floor)."""
-    s = _as_dict(s)
+    s = summary_dict(s)
     rows = [
         (f"Bootstrap ensemble, α_ε = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["band_mad_vs_mcmc"],
          s["band_coverage_vs_mcmc"]),
@@ -68,7 +62,7 @@ def agreement(s: Summary | dict[str, Any]) -> pd.DataFrame:
 
 def table(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """Real datasets: accuracy, MNLL and ECE per method, mean ± std over splits."""
-    s = _as_dict(s)
+    s = summary_dict(s)
     rows = []
     for ds, entry in s["real"].items():
         for m, label in METHOD_LABELS.items():

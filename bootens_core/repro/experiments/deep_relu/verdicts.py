@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ... import report
+from ...store import summary_dict
 from .experiment import Summary
 
 __all__ = ["T_LIMIT", "RHAT_LIMIT", "evaluate", "along", "reference"]
@@ -19,11 +20,6 @@ T_LIMIT = 2.0
 
 
 RHAT_LIMIT = 1.1
-
-
-def _as_dict(s: Summary | dict[str, Any]) -> dict[str, Any]:
-    """The rules read the summary's keys: a typed :class:`Summary` as its ``summary.json`` dict."""
-    return s.as_summary() if isinstance(s, Summary) else s
 
 
 def _agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
@@ -49,7 +45,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     half-vs-half root mean square. Margins are in those noise units. With a reference that is not converged
     no agreement can be judged: both are "inconclusive" (the evidence says what the rule alone gives).
     """
-    s = _as_dict(s)
+    s = summary_dict(s)
     converged = s["rhat_max"] < RHAT_LIMIT
     ref = "converged" if converged else f"NOT converged (max R-hat above {RHAT_LIMIT:g})"
     out = {"reference": report.Verdict(ref, f"largest predictive R-hat {s['rhat_max']:.3f} (limit {RHAT_LIMIT:g})")}
@@ -83,7 +79,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
 def along(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """The ensemble against the reference at every recorded optimisation step: the two statistics of the
     rule (``evaluate``) in the reference's half-vs-half noise units, and what the rule says."""
-    s = _as_dict(s)
+    s = summary_dict(s)
     um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
     rows = []
     for t, m, r in zip(s["agreement_steps"], s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"],
@@ -116,7 +112,7 @@ def reference(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """The deep-ReLU chapter's reference, by readable label: NUTS's convergence diagnostics, its half-vs-half
     noise (the unit of the agreement rule) and the paper's MH acceptance rates, from the run's summary ``s``
     (NaN for a quantity the run did not compute)."""
-    s = _as_dict(s)
+    s = summary_dict(s)
     return pd.DataFrame(
         {"value": [float(s.get(key, float("nan"))) for _, key in _REFERENCE]},
         index=pd.Index([label for label, _ in _REFERENCE], name="quantity"),

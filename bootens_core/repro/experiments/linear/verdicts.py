@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ... import report
+from ...store import summary_dict
 from .experiment import Summary
 
 __all__ = ["evaluate"]
@@ -24,7 +24,7 @@ def evaluate(s: Summary | dict[str, Any], scaled: Summary | dict[str, Any] | Non
 
     ``s``, ``scaled``: the runs' :class:`Summary`, or dicts with at least the keys the rules read.
     """
-    s, scaled = (dataclasses.asdict(x) if isinstance(x, Summary) else x for x in (s, scaled))
+    s, scaled = summary_dict(s), summary_dict(scaled)
     sd = s["self_distance_sd"]
     limit = s["self_distance_mean"] + 3 * sd
     kl_ok = s["kl_final"] <= limit

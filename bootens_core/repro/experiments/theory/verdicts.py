@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ... import report
+from ...store import summary_dict
 from .experiment import Summary
 
 __all__ = ["evaluate"]
@@ -26,8 +26,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     remains of the theorem (the corrected condition, for the flow averaged over perturbations) is not a
     statement about Algorithm 1. Margins are in z units.
     """
-    if isinstance(s, Summary):
-        s = dataclasses.asdict(s)
+    s = summary_dict(s)
     zp, zc = s["lemma1_z_paper_abs_max"], s["lemma1_z_corrected_abs_max"]
     lem, lem_margin = report.all_pass([(zp > 5, report.distance(zp, 5, 1.0)), (zc < 4, report.distance(zc, 4, 1.0))])
     lin = s["linear"]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ... import report
-from ...store import Result
+from ...store import Result, summary_dict
 from .experiment import STEP_LABELS, Summary
 
 __all__ = ["KL_T", "STEP_NAMES", "evaluate", "kl_table", "same_sign_table"]
@@ -56,8 +55,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     Margins: histogram statistics in SE units (``| |t| - 4 |``); KDE statistics in units of the KDE
     self-distance's sd; R-hat in units of its i.i.d. noise, taken as (q99 - 1) / 2.33.
     """
-    if isinstance(s, Summary):
-        s = dataclasses.asdict(s)
+    s = summary_dict(s)
     out: dict[str, report.Verdict] = {}
     h = s.get("histogram")
     sd = s["kde_self_distance_sd"]

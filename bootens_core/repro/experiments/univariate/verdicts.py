@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ... import report
+from ...store import summary_dict
 from .experiment import Summary
 
 __all__ = ["evaluate"]
@@ -15,8 +15,7 @@ def evaluate(s: Summary | dict[str, Any]) -> report.Verdict:
     """Figure 1 is reproduced when the final particles match the posterior within 4 Monte-Carlo scales.
 
     ``s``: the run's :class:`Summary`, or a dict with at least the keys the rule reads."""
-    if isinstance(s, Summary):
-        s = dataclasses.asdict(s)
+    s = summary_dict(s)
     me, me_sc = s["mean_error_sd"], s["mean_error_sd_mc_scale"]
     sr, sr_sc = s["sd_ratio"], s["sd_ratio_mc_scale"]
     z_ks, z_cut = report.p_to_z(s["ks_pvalue"]), report.p_to_z(1e-3)
