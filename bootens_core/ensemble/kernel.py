@@ -115,17 +115,17 @@ def particle_step(model: Model, opt: Optimizer) -> Callable[..., tuple[Params, A
     values once per ensemble and evaluates nothing while they are finite.
     """
 
-    def step_one(params, opt_state, pert, x, noise_var):
-        def loss_fn(p):
-            return -perturbed_log_joint(model, p, x, pert, noise_var)
+    def loss_fn(p, pert, x, noise_var):
+        return -perturbed_log_joint(model, p, x, pert, noise_var)
 
+    def step_one(params, opt_state, pert, x, noise_var):
+        data = {"pert": pert, "x": x, "noise_var": noise_var}
         if opt.needs_value:
-            value, grad = optax.value_and_grad_from_state(loss_fn)(params, state=opt_state)
-            updates, opt_state = opt.tx.update(
-                grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn
-            )
+            value, grad = optax.value_and_grad_from_state(loss_fn)(params, **data, state=opt_state)
+            updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn,
+                                               **data)
         else:
-            value, grad = jax.value_and_grad(loss_fn)(params)
+            value, grad = jax.value_and_grad(loss_fn)(params, **data)
             updates, opt_state = opt.tx.update(grad, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
 
@@ -194,10 +194,10 @@ def _ensemble_update_all(model: Model, opt: Optimizer, noise_axis: int | None = 
     value_and_grad_all = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, noise_axis))
 
     def update_one(params, opt_state, pert, x, noise_var, value, grad):
-        def value_fn(p):
-            return loss_fn(p, pert, x, noise_var)
-
-        updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=value_fn)
+        # The loss's data as keyword arguments (optax's convention), not closed over: the line search's
+        # batching rule (linesearch.batched_zoom_linesearch) sees which of them are per particle.
+        updates, opt_state = opt.tx.update(grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn,
+                                           pert=pert, x=x, noise_var=noise_var)
         return optax.apply_updates(params, updates), opt_state, value
 
     update_all = jax.vmap(update_one, in_axes=(0, 0, 0, None, noise_axis, 0, 0))

@@ -105,6 +105,8 @@ returned ``updates`` are ``new_params - params``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -204,8 +206,8 @@ def torch_lbfgs(
         value_fn=None)`` takes one outer step from ``params``: ``value`` and ``grad`` are the loss and its
         gradient at ``params`` (``grad`` defaults to ``updates``; ``value`` to ``value_fn(params)``), and
         ``value_fn(params) -> loss`` is the loss, which is differentiated inside for the re-evaluations.
-        It returns ``(new_params - params, new_state)``. Other keyword arguments are ignored (optax's
-        convention for chained transformations).
+        It returns ``(new_params - params, new_state)``. Keyword arguments that ``value_fn`` takes are passed to
+        it (``value_fn(params, **those)``, optax's convention); others are ignored (as in a chain).
 
     Raises:
         ValueError: for a non-positive or non-finite learning rate, an unknown ``line_search_fn``, or a
@@ -257,7 +259,12 @@ def torch_lbfgs(
         value_fn: Callable[[Any], Any] | None = None,
         **extra_args: Any,
     ) -> tuple[Any, TorchLBFGSState]:
-        del extra_args
+        if value_fn is not None:
+            # optax's convention: value_fn's keyword arguments come with the update (its data, e.g. per particle).
+            takes = inspect.signature(value_fn).parameters
+            bound = {k: v for k, v in extra_args.items() if k in takes}
+            if bound:
+                value_fn = functools.partial(value_fn, **bound)
         if params is None:
             raise ValueError("torch_lbfgs.update needs params (the point the step starts from)")
         if value_fn is None and (wolfe or max_iter > 1 or value is None):

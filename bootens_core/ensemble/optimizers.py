@@ -13,7 +13,13 @@ from typing import Any, NamedTuple
 
 import optax
 
+from .linesearch import batched_zoom_linesearch
+
 __all__ = ["Optimizer", "optimizer"]
+
+# The ensembles' zoom line search: optax.lbfgs's own (zoom, up to 20 steps, initial guess 1), batched per
+# branch over the particles (one object: it is a static argument of the compiled programs).
+_ZOOM = batched_zoom_linesearch(20, "one")
 
 
 class Optimizer(NamedTuple):
@@ -117,7 +123,7 @@ def _optimizer(name: str, lr: float, kwargs: dict[str, Any]) -> Optimizer:
             tx = lbfgs(learning_rate=lr, memory_size=memory, linesearch=None)
             desc = f"L-BFGS (memory {memory}), fixed step {lr:g}, no line search"
         elif search == "zoom":
-            tx = lbfgs(learning_rate=lr, memory_size=memory)  # optax's default line search: zoom
+            tx = lbfgs(learning_rate=lr, memory_size=memory, linesearch=_ZOOM)
             desc = f"L-BFGS (memory {memory}), zoom line search, initial step {lr:g}"
         else:
             raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")
