@@ -31,7 +31,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["main", "DEFAULT_OUT", "MATMUL_PRECISION"]
@@ -373,6 +373,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_uci_cell(args)
     if args.case == "particle-batch":
         return _bench_particle_batch(args)
+    if args.case == "linesearch":
+        return _bench_linesearch(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -455,38 +457,66 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_particle_batch(args: argparse.Namespace) -> int:
-    """``bootens bench --case particle-batch``: particles stepped in groups against all at once ->
-    OUT/particle-batch.json."""
+def _bench_case(args: argparse.Namespace, name: str, measure: Callable[[], dict], line: Callable[[dict], str]) -> int:
+    """Run one ``bootens bench --case`` measurement: ``measure()`` -> OUT/``name``, a ``line(row)`` per row on
+    stdout (unless ``--quiet``); a bad setting (``ValueError``) or an unwritable OUT is one error, status 2."""
     from pathlib import Path
-
-    import jax
-
-    from .performance import bench
 
     problem = _writable_dir(args.out)
     if problem:
         print(f"bootens: {problem}", file=sys.stderr)
         return 2
-    k = int(args.k[0]) if args.k else 200
     try:
-        doc = bench.measure_particle_batches(
-            jax.random.key(0), args.datasets or ["boston"], args.models or [1], k, args.particle_batches,
-            steps=args.steps or 20, repeats=args.repeats or 5, max_rows=args.max_rows or 0,
-            features=args.features)
+        doc = measure()
     except ValueError as exc:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
-    out = _write_json(Path(args.out) / "particle-batch.json", doc)
+    out = _write_json(Path(args.out) / name, doc)
     if not args.quiet:
         for r in doc["rows"]:
-            batch = "all" if r["particle_batch"] is None else r["particle_batch"]
-            sec = r["seconds"]
-            print(f"{r['dataset']:<8} {r['network']:<34} {r['optimizer']:<10} k={r['k']} batch {batch:>4}: "
-                  f"{sec['median']:.3f} s (IQR {sec['q25']:.3f}-{sec['q75']:.3f}), x{r['speedup']:.2f}, "
-                  f"max |diff| {r['max_abs_diff']:.1e}")
+            print(line(r))
     print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
+
+
+def _bench_particle_batch(args: argparse.Namespace) -> int:
+    """``bootens bench --case particle-batch``: particles stepped in groups against all at once ->
+    OUT/particle-batch.json."""
+    import jax
+
+    from .performance import bench
+
+    def line(r: dict) -> str:
+        batch = "all" if r["particle_batch"] is None else r["particle_batch"]
+        sec = r["seconds"]
+        return (f"{r['dataset']:<8} {r['network']:<34} {r['optimizer']:<10} k={r['k']} batch {batch:>4}: "
+                f"{sec['median']:.3f} s (IQR {sec['q25']:.3f}-{sec['q75']:.3f}), x{r['speedup']:.2f}, "
+                f"max |diff| {r['max_abs_diff']:.1e}")
+
+    return _bench_case(args, "particle-batch.json", lambda: bench.measure_particle_batches(
+        jax.random.key(0), args.datasets or ["boston"], args.models or [1], int(args.k[0]) if args.k else 200,
+        args.particle_batches, steps=args.steps or 20, repeats=args.repeats or 5, max_rows=args.max_rows or 0,
+        features=args.features), line)
+
+
+def _bench_linesearch(args: argparse.Namespace) -> int:
+    """``bootens bench --case linesearch``: the ensembles' zoom line search against optax's own under vmap ->
+    OUT/linesearch.json."""
+    import jax
+
+    from .performance import bench
+
+    def line(r: dict) -> str:
+        per = 1e3 / r["steps"]
+        sec = r["seconds"]
+        return (f"{r['dataset']:<8} {r['hidden_layers']} layer(s) k={r['k']:<5} {r['linesearch']:<8} "
+                f"{r['ms_per_iteration']:8.2f} ms/iteration (IQR {sec['q25'] * per:.2f}-{sec['q75'] * per:.2f}), "
+                f"x{r['speedup']:.2f}, first call {r['first_call_s']:.1f} s, {r['search_steps']:.3f} search steps, "
+                f"max |diff| {r['max_abs_diff']:.1e}")
+
+    return _bench_case(args, "linesearch.json", lambda: bench.measure_linesearch(
+        jax.random.key(0), args.datasets or ["boston"], args.models or [1], args.k or [50, 200],
+        steps=args.steps or 100, repeats=args.repeats or 3, max_rows=args.max_rows or 0), line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -579,13 +609,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
-    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch"], default="throughput",
+    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch"],
+                         default="throughput",
                          help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
                               "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
                               "--steps as L-BFGS steps) timed cold and warm, one sigma^2 at a time and in "
                               "batches (uci-cell.json); particle-batch: the particles stepped in groups of "
                               "--particle-batches against all at once, Adam and line-search L-BFGS "
-                              "(particle-batch.json; --k as particles, default 200)")
+                              "(particle-batch.json; --k as particles, default 200); linesearch: the "
+                              "ensembles' zoom line search against optax's own under vmap, L-BFGS as in the UCI "
+                              "profiles (linesearch.json; --k, default 50 200; --steps, default 100)")
     p_bench.add_argument("--grid-batches", type=int, nargs="+", default=[1, 0],
                          help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic)")
     p_bench.add_argument("--particle-batches", type=int, nargs="+", default=[10, 20, 50],

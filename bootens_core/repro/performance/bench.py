@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from ... import ensemble, models
 from .. import store
@@ -61,6 +62,7 @@ __all__ = [
     "uci_cell_flops",
     "measure_uci_cell",
     "measure_particle_batches",
+    "measure_linesearch",
     "run",
     "load_records",
     "ROW_KEYS",
@@ -691,6 +693,82 @@ def measure_particle_batches(
     return {"case": "particle-batch", "rows": rows, "device": _device_info(prov, _device_memory()),
             "provenance": prov, "wall_s": time.perf_counter() - start}
 
+
+
+def measure_linesearch(
+    key: jax.Array, datasets: Sequence[str], hidden_layers: Sequence[int], ks: Sequence[int], steps: int = 100,
+    repeats: int = 3, max_rows: int = 0, dtype: str = "float32",
+) -> dict[str, Any]:
+    """The ensembles' zoom line search against optax's own under ``vmap`` (``bootens bench --case
+    linesearch``): the ``linesearch.json`` document.
+
+    For every dataset shape (:data:`SHAPES`, synthetic data in ``dtype``, the float32 of the UCI profiles by
+    default; ``max_rows`` > 0 caps the rows) x hidden layers x ``k`` in ``ks``, the same particles take
+    ``steps`` L-BFGS iterations (memory 10, initial step 0.5: the UCI profiles' optimizer) of
+    :func:`bootens_core.ensemble.step` in one jitted ``lax.scan``, with optax's ``scale_by_zoom_linesearch``
+    (vmapped per particle: a ``select`` of both branches) and with
+    :func:`bootens_core.ensemble.batched_zoom_linesearch`. ``seconds``: the spread of ``repeats`` timed calls
+    after a first one (``first_call_s``: compilation and one run); ``ms_per_iteration`` from the median;
+    ``speedup``: optax's median over the batched one's, in the same process; ``search_steps``: the mean
+    line-search steps per particle and iteration of each (equal when the particles take the same searches);
+    ``max_abs_diff``: the largest difference of the final particles from optax's (float rounding, grown over
+    the iterations).
+    """
+    if steps < 1 or repeats < 1 or not ks or any(int(k) < 1 for k in ks):
+        raise ValueError(f"need steps, repeats and every k >= 1, got steps={steps}, repeats={repeats}, ks={list(ks)}")
+    unknown = [d for d in datasets if d not in SHAPES]
+    if unknown:
+        raise ValueError(f"unknown dataset shape(s) {unknown}; known: {', '.join(SHAPES)}")
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    if dtype == "float64":
+        require_x64("linesearch bench in float64")
+    start = time.perf_counter()
+    dt = jnp.dtype(dtype)
+    opts = {"optax": ensemble.Optimizer(optax.lbfgs(0.5, memory_size=10), True,
+                                        "optax L-BFGS (memory 10), optax's zoom line search under vmap"),
+            "batched": ensemble.optimizer("lbfgs", 0.5, memory_size=10, linesearch="zoom")}
+    rows = []
+    for ds in datasets:
+        in_dim, n = SHAPES[ds]
+        n = min(n, max_rows) if max_rows else n
+        k_x, k_y, k_init = jax.random.split(jax.random.fold_in(key, datasets.index(ds)), 3)
+        x = jax.random.normal(k_x, (n, in_dim), dt)
+        y = jnp.sin(jax.random.normal(k_y, (n,), dt))
+        for layers in hidden_layers:
+            model = models.mlp(in_dim, (50,) * int(layers), "relu")
+            for k in map(int, ks):
+                res = {}
+                for name, opt in opts.items():
+                    state = ensemble.init(k_init, model, y, 0.01, k, opt)
+
+                    def go(state, opt=opt):
+                        def one(s, _):
+                            s, _info = ensemble.step(s, model, opt, x, 0.01)
+                            return s, optax.tree.get(s.opt_state, "info").num_linesearch_steps
+                        return jax.lax.scan(one, state, None, length=steps)
+
+                    fn, last = jax.jit(go), [None]
+
+                    def call(fn=fn, last=last, state=state):
+                        last[0] = fn(state)
+                        return last[0]
+
+                    first_s, times = _time(call, repeats)
+                    res[name] = (spread(times), first_s, last[0])
+                ref = res["optax"][2][0].params
+                for name, (sec, first_s, (final, counts)) in res.items():
+                    diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in
+                               zip(jax.tree.leaves(final.params), jax.tree.leaves(ref), strict=True))
+                    rows.append({"dataset": ds, "hidden_layers": int(layers), "k": k, "n": int(n),
+                                 "dtype": dtype, "steps": int(steps), "linesearch": name,
+                                 "seconds": sec, "first_call_s": first_s,
+                                 "ms_per_iteration": 1e3 * sec["median"] / steps,
+                                 "speedup": res["optax"][0]["median"] / sec["median"],
+                                 "search_steps": float(jnp.mean(counts)), "max_abs_diff": diff})
+    prov = store.provenance()
+    return {"case": "linesearch", "rows": rows, "device": _device_info(prov, _device_memory()),
+            "provenance": prov, "wall_s": time.perf_counter() - start}
 
 def _shard_problem(p: dict[str, Any], mesh: Any) -> dict[str, Any]:
     n_dev = mesh.devices.size

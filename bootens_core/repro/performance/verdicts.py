@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..report import Text
 
-__all__ = ["evaluate", "table", "particle_batch_table", "profile_table", "ci_timings_table"]
+__all__ = ["evaluate", "table", "particle_batch_table", "linesearch_table", "profile_table", "ci_timings_table"]
 
 
 def table(doc: dict[str, Any]) -> pd.DataFrame:
@@ -53,6 +53,28 @@ def particle_batch_table(doc: dict[str, Any]) -> pd.DataFrame:
         })
     return pd.DataFrame(out).set_index(["network", "optimizer", "particle batch"])
 
+
+
+def linesearch_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """``linesearch.json`` (``bootens bench --case linesearch``) as a table: per network and number of
+    particles, each line search's milliseconds per L-BFGS iteration with the interquartile range of the timed
+    calls, its speed-up over optax's search under ``vmap`` measured in the same run, the mean line-search
+    steps per particle and iteration, and the largest difference of the final particles from optax's."""
+    names = {"optax": "optax's, under vmap", "batched": "batched per branch"}
+    out = []
+    for r in doc["rows"]:
+        s, per = r["seconds"], 1e3 / r["steps"]
+        layers = r["hidden_layers"]
+        out.append({
+            "network": f"{layers} hidden layer{'s' if layers != 1 else ''}, {r['dataset']} shape ({r['n']} rows)",
+            "k": r["k"],
+            "line search": names.get(r["linesearch"], r["linesearch"]),
+            "ms per iteration [IQR]": f"{r['ms_per_iteration']:.3g} [{s['q25'] * per:.3g}, {s['q75'] * per:.3g}]",
+            "× optax's": round(r["speedup"], 2),
+            "search steps": round(r["search_steps"], 3),
+            "max |Δ particles|": f"{r['max_abs_diff']:.1e}",
+        })
+    return pd.DataFrame(out).set_index(["network", "k", "line search"])
 
 def evaluate(docs: dict[str, dict[str, Any]]) -> dict[str, Text]:
     """The issue's targets against the measured documents (by label).

@@ -284,6 +284,30 @@ def test_cli_bench_particle_batch(tmp_path: Path, capsys):
     assert "every batch >= 1" in capsys.readouterr().err
 
 
+
+def test_cli_bench_linesearch(tmp_path: Path, capsys):
+    # The batched zoom line search against optax's under vmap, 6 particles, 4 iterations, float32: a row each,
+    # optax's the unit of speed, the same search steps, the particles the same up to float32 rounding.
+    code = cli.main(["bench", "--case", "linesearch", "--datasets", "boston", "--models", "1", "--k", "6",
+                     "--max-rows", "30", "--steps", "4", "--repeats", "1", "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "linesearch.json").read_text())
+    assert doc["case"] == "linesearch"
+    rows = {r["linesearch"]: r for r in doc["rows"]}
+    assert set(rows) == {"optax", "batched"}
+    assert rows["optax"]["speedup"] == 1.0 and rows["optax"]["max_abs_diff"] == 0.0
+    b = rows["batched"]
+    assert b["speedup"] == pytest.approx(rows["optax"]["seconds"]["median"] / b["seconds"]["median"])
+    assert (b["k"], b["n"], b["steps"], b["dtype"]) == (6, 30, 4, "float32")
+    assert b["ms_per_iteration"] == pytest.approx(1e3 * b["seconds"]["median"] / 4)
+    assert b["search_steps"] == rows["optax"]["search_steps"] >= 1.0
+    assert b["max_abs_diff"] < 1e-3
+    assert "batched" in capsys.readouterr().out
+    assert cli.main(["bench", "--case", "linesearch", "--datasets", "mnist", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "unknown dataset shape" in capsys.readouterr().err
+    assert cli.main(["bench", "--case", "linesearch", "--k", "0", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "every k >= 1" in capsys.readouterr().err
+
 def test_particle_batch_record_and_table():
     # The committed CPU measurement reads back as a record of its own and as a table, one row per measurement.
     root = Path(__file__).resolve().parents[3] / "results" / "paper" / "bench"
