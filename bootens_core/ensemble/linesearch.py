@@ -58,11 +58,13 @@ def batched_zoom_linesearch(
 
     ``max_linesearch_steps=20`` and ``"one"`` are the line search of ``optax.lbfgs``. ``compact``: the size of
     the groups the particles still searching are stepped in; ``None``: a sixteenth of the particles, at least
-    1; the number of particles: no groups (each branch over all, as optax's but only where needed). The state is optax's :class:`optax.ScaleByZoomLinesearchState`.
+    1; the number of particles: no groups (each branch over all, as optax's but only where needed). The state
+    is optax's :class:`optax.ScaleByZoomLinesearchState`.
 
-    Measured on one core of a 2-core CPU, 640 iterations of the UCI 1-layer network (50 units) on 364 rows of
-    13 inputs, float32: 14.6 ms per iteration with optax's search under ``vmap``, 3.95 ms with this one at
-    50 particles (5.6 ms gathering a quarter, 4.4 an eighth); 107 and 25 ms at 200 particles.
+    Measured (``bootens bench --case linesearch``, one core of a 2-core CPU, the UCI profiles' L-BFGS on
+    Boston's shape, float32; ``results/paper/bench/cpu-2core/linesearch.json``): 15.4 ms per iteration with
+    optax's search under ``vmap``, 5.5 ms with this one at 50 particles of the 1-layer network; 117 and 29 ms
+    at 200; 4 layers: 204 and 49 ms at 50, 1095 and 276 ms at 200.
     """
     steps = int(max_linesearch_steps)
     if steps < 1:

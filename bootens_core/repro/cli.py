@@ -457,7 +457,8 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_case(args: argparse.Namespace, name: str, measure: Callable[[], dict], line: Callable[[dict], str]) -> int:
+def _bench_case(args: argparse.Namespace, name: str, measure: Callable[[], dict],
+                line: Callable[[dict], str]) -> int:
     """Run one ``bootens bench --case`` measurement: ``measure()`` -> OUT/``name``, a ``line(row)`` per row on
     stdout (unless ``--quiet``); a bad setting (``ValueError``) or an unwritable OUT is one error, status 2."""
     from pathlib import Path

@@ -694,7 +694,6 @@ def measure_particle_batches(
             "provenance": prov, "wall_s": time.perf_counter() - start}
 
 
-
 def measure_linesearch(
     key: jax.Array, datasets: Sequence[str], hidden_layers: Sequence[int], ks: Sequence[int], steps: int = 100,
     repeats: int = 3, max_rows: int = 0, dtype: str = "float32",
