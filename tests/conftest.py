@@ -13,12 +13,22 @@
   again (a new closure over the same model); a per-session JAX compilation cache (content-addressed by
   the program, the versions and the flags; never carried over between sessions) compiles each one once.
   A ``JAX_COMPILATION_CACHE_DIR`` set by the caller is respected.
+- For the same reason the tests compile with XLA's LLVM backend at optimisation level 0
+  (``--xla_backend_optimization_level=0``, unless the caller's ``XLA_FLAGS`` name a level): the suite's
+  programs are small and run briefly, so compiling them fast matters more than running them fast (measured
+  on a 2-core CPU: the deep-ReLU and ensemble-grid tests 144 -> 99 s). It changes rounding, as another CPU
+  does. The book's chapters compile at XLA's default level, so a chapter's own run that a test hands to the
+  book is computed as the chapter computes it: in a subprocess with the caller's ``XLA_FLAGS``
+  (``chapter_run``), where it also runs at full speed.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -26,6 +36,11 @@ from typing import Callable
 import matplotlib
 
 matplotlib.use("Agg")
+
+# Read by XLA when JAX first creates its CPU backend, after this file is imported (subprocesses inherit it).
+_CALLER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+if "--xla_backend_optimization_level" not in (_CALLER_XLA_FLAGS or ""):
+    os.environ["XLA_FLAGS"] = " ".join([*(_CALLER_XLA_FLAGS or "").split(), "--xla_backend_optimization_level=0"])
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -82,3 +97,50 @@ def publish() -> Callable[..., None]:
             store.save(result, where)
 
     return _publish
+
+
+# What a chapter's first cell does before its run, then the run with the cache off, saved for the parent.
+_CHAPTER_RUN = """
+import importlib, pickle, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_default_matmul_precision", "highest")
+from bootens_core.repro import store
+name, out = sys.argv[1], sys.argv[2]
+with open(out + "/config.pkl", "rb") as f:
+    cfg = pickle.load(f)
+experiment = importlib.import_module("bootens_core.repro.experiments." + name)
+store.save(experiment.run(jax.random.key(cfg.seed), cfg, use_cache=False), out + "/result")
+"""
+
+
+@pytest.fixture(scope="session")
+def book_env() -> dict[str, str]:
+    """The environment for a subprocess that should compute as the book does: this one's, with the caller's
+    ``XLA_FLAGS`` (without the tests' optimisation level)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if _CALLER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = _CALLER_XLA_FLAGS
+    return env
+
+
+@pytest.fixture(scope="session")
+def chapter_run(publish, book_env, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., object]:
+    """``chapter_run(name, cfg)``: experiment ``name``'s run at ``cfg`` (key ``cfg.seed``, cache off), computed
+    as the book's chapter computes it (a fresh process with the caller's ``XLA_FLAGS``, float64), read back,
+    published for the book build (``publish``) and returned."""
+    from bootens_core.repro import store
+
+    def _run(name: str, cfg: object) -> store.Result:
+        out = tmp_path_factory.mktemp(f"chapter-run-{name}")
+        with open(out / "config.pkl", "wb") as f:
+            pickle.dump(cfg, f)
+        proc = subprocess.run([sys.executable, "-c", _CHAPTER_RUN, name, str(out)], env=book_env, capture_output=True,
+                              text=True, timeout=3000)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {name} run failed in its subprocess:\n{proc.stderr[-4000:]}")
+        result = store.load(out / "result")
+        publish(result)
+        return result
+
+    return _run

@@ -24,13 +24,13 @@ def _other_isa() -> str:
     return "SSE4_2" if current and current[-1].upper() == "AVX" else "AVX"
 
 
-def test_checked_outputs_hold_under_another_instruction_set(tmp_path):
+def test_checked_outputs_hold_under_another_instruction_set(tmp_path, book_env):
     pytest.importorskip("nbclient")
     isa = _other_isa()
-    proc = subprocess.run(
+    proc = subprocess.run(  # the chapters compiled as the book compiles them, but for another instruction set
         [sys.executable, str(ROOT / ".ci" / "isa_check.py"), "--isa", isa, "--out", str(tmp_path), "univariate",
          "linear"],
-        capture_output=True, text=True, timeout=1500, cwd=ROOT,
+        capture_output=True, text=True, timeout=1500, cwd=ROOT, env=book_env,
     )
     report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else proc.stderr[-3000:]
     assert proc.returncode == 0, report

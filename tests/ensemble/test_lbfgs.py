@@ -556,7 +556,14 @@ def test_vmap_over_particles_equals_each_particle_alone(name):
     np.testing.assert_array_equal(it_batch, it_alone)
     np.testing.assert_array_equal(ev_batch, ev_alone)
     scale = np.maximum(1.0, np.max(np.abs(x_alone), axis=-1, keepdims=True))
-    assert np.max(np.abs(x_batch - x_alone) / scale) <= 1e-12
+    # The batched and the single programs round differently (how, depends on XLA's code generation), and the
+    # iterations amplify rounding: the yardstick is how far each particle alone moves when its start moves by
+    # one unit in the last place. The batched particles must stay within 10 times that (and 1e-12 at least).
+    ulp_starts = [jax.tree_util.tree_map(lambda a: a * (1 + 2.0**-52), s) for s in starts]
+    x_ulp, it_ulp, _ = _run_each_alone(tx, loss, ulp_starts, steps)
+    sensitivity = np.max(np.abs(x_ulp - x_alone) / scale)
+    assert sensitivity < 1e-9  # the trajectories are stable enough for the comparison to mean something
+    assert np.max(np.abs(x_batch - x_alone) / scale) <= max(10 * sensitivity, 1e-12)
     # the particles really took inner loops of different lengths
     assert len({tuple(col) for col in it_alone.T}) == len(starts)
 

@@ -1,7 +1,7 @@
 """The linear experiment on the model with features times sqrt(2/D) (``LinearConfig.scaled_features()``).
 
-It runs once for the module (under a minute on 2 cores), with the cache off, and is handed to the book build that
-follows (the chapter runs the same configuration; ``publish`` in conftest.py). What is checked: the posterior the
+It runs once for the module (about half a minute on one core), with the cache off, as the chapter runs it
+(``chapter_run`` in conftest.py), and is handed to the book build that follows. What is checked: the posterior the
 particles are measured against is the scaled model's (rebuilt here from the same keys); the continued run of the
 paper's Adagrad setting starts as the 400-step run and its first step within the self-distance band is read off
 its own curve; the chapter's verdict follows the rule on these numbers.
@@ -24,10 +24,8 @@ CFG = LinearConfig.quick().scaled_features()
 
 
 @pytest.fixture(scope="module")
-def result(publish):
-    res = experiment.run(jax.random.key(CFG.seed), CFG, use_cache=False)
-    publish(res)  # the chapter's own run: the book build that follows reads it
-    return res
+def result(chapter_run):
+    return chapter_run("linear", CFG)  # the chapter's own run: the book build that follows reads it
 
 
 def _phi(x, omega):
