@@ -307,13 +307,17 @@ class MHConfig:
 @dataclass(frozen=True)
 class NUTSConfig:
     """NUTS (NumPyro): ``chains`` chains from prior draws, ``warmup`` adaptation steps, ``draws`` draws per
-    chain, trees of depth at most ``max_tree_depth``, step size adapted to ``target_accept``."""
+    chain, trees of depth at most ``max_tree_depth``, step size adapted to ``target_accept``; the chains run
+    as ``chain_method`` says ("vectorized", "sequential", or "auto": one after another on a CPU, vectorised on
+    an accelerator, which pays where a gradient is expensive; see
+    :func:`bootens_core.samplers.resolve_chain_method`)."""
 
     chains: int = 4
     warmup: int = 500
     draws: int = 250
     max_tree_depth: int = 8
     target_accept: float = 0.9
+    chain_method: str = "vectorized"
 
 
 # The L-BFGS variants of the UCI ensembles (``UCIConfig.lbfgs.linesearch``): None -- optax's L-BFGS with a fixed

@@ -34,7 +34,7 @@ from __future__ import annotations
 from ._common import MCMCResult, log_density_fn, prior_starts, unravel_draws
 from .diagnostics import ess, predictive_diagnostics, rhat
 from .mh import metropolis, metropolis_model
-from .nuts import nuts, nuts_model
+from .nuts import NUTS_CHAIN_METHODS, nuts, nuts_model, resolve_chain_method
 from .sghmc import SGHMCHyper, SGHMCInfo, SGHMCState, sghmc_init, sghmc_model, sghmc_step
 
 __all__ = [
@@ -48,6 +48,8 @@ __all__ = [
     "metropolis_model",
     "nuts",
     "nuts_model",
+    "NUTS_CHAIN_METHODS",
+    "resolve_chain_method",
     "predictive_diagnostics",
     "prior_starts",
     "rhat",

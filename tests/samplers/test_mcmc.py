@@ -94,11 +94,13 @@ def test_mh_matches_exact_linear_posterior(prob):
 
 
 @pytest.mark.slow
-def test_nuts_matches_exact_linear_posterior(prob):
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_nuts_matches_exact_linear_posterior(prob, chain_method):
     res = samplers.nuts_model(
         jax.random.key(1), prob.model, prob.Phi, prob.y, noise_var=NOISE_VAR, n_chains=4, n_warmup=300,
-        n_draws=800,
+        n_draws=800, chain_method=chain_method,
     )
+    assert res.info["chain_method"] == chain_method
     assert res.params["w"].shape == (4, 800, 3)
     assert res.log_density.shape == (4, 800)
     _check_against_posterior(prob, res, min_ess=1000)
@@ -377,6 +379,19 @@ def test_model_level_errors(sampler, change, match):
             )
         else:
             samplers.nuts_model(jax.random.key(0), model, x, y, n_warmup=2, n_draws=2, **args)
+
+
+def test_nuts_chain_methods_run_the_same_chains(prob):
+    """Sequential and vectorized chains start from the same keys: over a few iterations (before rounding has
+    been amplified) they are the same chains; "auto" is sequential on a CPU; a wrong name is refused."""
+    runs = {m: samplers.nuts_model(jax.random.key(3), prob.model, prob.Phi, prob.y, noise_var=NOISE_VAR, n_chains=3,
+                                   n_warmup=3, n_draws=3, chain_method=m) for m in ("vectorized", "sequential")}
+    np.testing.assert_allclose(runs["sequential"].params["w"], runs["vectorized"].params["w"], rtol=1e-9)
+    assert samplers.resolve_chain_method("auto") == ("sequential" if jax.default_backend() == "cpu" else "vectorized")
+    assert samplers.resolve_chain_method("vectorized") == "vectorized"
+    with pytest.raises(ValueError, match="chain_method 'parallel'"):
+        samplers.nuts_model(jax.random.key(3), prob.model, prob.Phi, prob.y, noise_var=NOISE_VAR, n_chains=2,
+                            n_warmup=2, n_draws=2, chain_method="parallel")
 
 
 @pytest.mark.slow

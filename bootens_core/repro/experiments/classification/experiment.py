@@ -151,6 +151,7 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
     samples, info, _, accept, sampler = samplers.nuts(
         k_nuts, log_density, init, n_warmup=cfg.nuts.warmup, n_draws=cfg.nuts.draws,
         target_accept=cfg.nuts.target_accept, max_tree_depth=cfg.nuts.max_tree_depth, progress=progress,
+        chain_method=cfg.nuts.chain_method,
     )
     draws = samplers.unravel_draws(model, samples)
     flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), draws)

@@ -32,8 +32,10 @@ class DeepReluConfig:
     weight_var: float = 2.0
     # Faithful MH (paper's proposal) on both priors: acceptance evidence.
     mh: MHConfig = MHConfig(proposal_var=0.01, chains=10, burn_in=1_000, thin=50, draws=20)
-    # NUTS reference on the deviation prior.
-    nuts: NUTSConfig = NUTSConfig(chains=4, warmup=250, draws=50, max_tree_depth=7, target_accept=0.9)
+    # NUTS reference on the deviation prior; its chains one after another on a CPU (the gradient of the deep
+    # network is expensive enough: see samplers.resolve_chain_method).
+    nuts: NUTSConfig = NUTSConfig(chains=4, warmup=250, draws=50, max_tree_depth=7, target_accept=0.9,
+                                  chain_method="auto")
     # Algorithm 1 (Adam; the paper does not name its optimiser for this figure).
     n_particles: int = 200
     optimizer: str = "adam"

@@ -203,7 +203,7 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
     nuts = samplers.nuts_model(
         k_nuts, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.nuts.chains, n_warmup=cfg.nuts.warmup,
         n_draws=cfg.nuts.draws, target_accept=cfg.nuts.target_accept, max_tree_depth=cfg.nuts.max_tree_depth,
-        progress=progress,
+        progress=progress, chain_method=cfg.nuts.chain_method,
     )
     diag_nuts = samplers.predictive_diagnostics(model, nuts, x_grid)
     f_nuts = np.asarray(
