@@ -560,7 +560,7 @@ def test_vmap_over_particles_equals_each_particle_alone(name):
     # iterations amplify rounding: the yardstick is how far each particle alone moves when its start moves by
     # one unit in the last place. The batched particles must stay within 10 times that (and 1e-12 at least).
     ulp_starts = [jax.tree_util.tree_map(lambda a: a * (1 + 2.0**-52), s) for s in starts]
-    x_ulp, it_ulp, _ = _run_each_alone(tx, loss, ulp_starts, steps)
+    x_ulp, _, _ = _run_each_alone(tx, loss, ulp_starts, steps)
     sensitivity = np.max(np.abs(x_ulp - x_alone) / scale)
     assert sensitivity < 1e-9  # the trajectories are stable enough for the comparison to mean something
     assert np.max(np.abs(x_batch - x_alone) / scale) <= max(10 * sensitivity, 1e-12)
