@@ -197,6 +197,7 @@ def _terms_fn(
     model: Model, dtype: Any, method: str, n_probes: int, exact_max_dim: int, batch: int
 ) -> Callable:
     m, unravel = _unravel_fn(model, dtype)
+    prior_trace = _prior_trace(model)
 
     def one(key, theta, y_tilde, anchor, x, y, var):
         k_tr, k_curv = jax.random.split(key)
@@ -212,28 +213,44 @@ def _terms_fn(
 
         gp = jax.grad(lp)(theta)
         gpt = jax.grad(lpt)(theta)
-        tr, tr_se = hessian_trace(
-            k_tr, lpt, theta, method=method, n_probes=n_probes, exact_max_dim=exact_max_dim
-        )
         n = y.shape[0]
         jac = (jax.jacrev if n < m else jax.jacfwd)(f)(theta)  # (n, m)
+        grad_f_sq = jnp.sum(jac**2 / var[:, None])
         f0 = f(theta)
         c = jax.lax.stop_gradient((f0 - y) / var)
-        curv, curv_se = hessian_trace(
-            k_curv,
-            lambda t: jnp.sum(c * f(t)),
-            theta,
-            method=method,
-            n_probes=n_probes,
-            exact_max_dim=exact_max_dim,
-        )
+        if method == "exact":
+            # Both traces from the per-point traces t_x = tr Hess f(x): the second derivative of f along each
+            # basis vector (forward over forward, one pass of f per basis vector for all points at once), and
+            # log p~'s Gaussian likelihood and prior: tr Hess log p~ = -(sum_x ||grad f(x)||^2 / sigma_x^2
+            # + prior trace + sum_x (f(x) - y~_x) / sigma_x^2 t_x). Half the passes of two traces by
+            # Hessian-vector products, each of them cheaper.
+            def second(j):
+                e = jax.nn.one_hot(j, m, dtype=theta.dtype)
+                return jax.jvp(lambda t: jax.jvp(f, (t,), (e,))[1], (theta,), (e,))[1]
+
+            t = jnp.sum(_batched_map(second, jnp.arange(m), _EXACT_BATCH), axis=0)
+            zero = jnp.zeros((), theta.dtype)
+            tr, tr_se = -(grad_f_sq + prior_trace + jnp.dot((f0 - y_tilde) / var, t)), zero
+            curv, curv_se = jnp.dot(c, t), zero
+        else:
+            tr, tr_se = hessian_trace(
+                k_tr, lpt, theta, method=method, n_probes=n_probes, exact_max_dim=exact_max_dim
+            )
+            curv, curv_se = hessian_trace(
+                k_curv,
+                lambda t: jnp.sum(c * f(t)),
+                theta,
+                method=method,
+                n_probes=n_probes,
+                exact_max_dim=exact_max_dim,
+            )
         return {
             "inner": jnp.vdot(gp, gpt),
             "trace": tr,
             "trace_se": tr_se,
             "grad_sq": jnp.vdot(gp, gp),
             "grad_tilde_sq": jnp.vdot(gpt, gpt),
-            "grad_f_sq": jnp.sum(jac**2 / var[:, None]),
+            "grad_f_sq": grad_f_sq,
             "curvature": curv,
             "curvature_se": curv_se,
             "grad_logp": gp,
@@ -294,7 +311,11 @@ def particle_terms(
         x, y: training inputs ``(n, ...)`` and observed labels ``(n,)``.
         pert: the particles' own replicates, leading axis ``k`` (``EnsembleResult.perturbation``).
         noise_var: ``sigma^2``, scalar or ``(n,)``.
-        method, n_probes, exact_max_dim: see :func:`hessian_trace` (used for both traces).
+        method, n_probes, exact_max_dim: see :func:`hessian_trace` (used for both traces). The exact traces
+            are not two :func:`hessian_trace` calls but one pass of second derivatives of ``f`` along every
+            basis vector (the per-point traces ``tr Hess f(x)``), from which both follow: ``curvature``
+            directly, ``trace`` with ``grad_f_sq`` and ``prior_trace`` (log p~ is a Gaussian likelihood plus a
+            Gaussian prior); the same numbers to rounding, in about half the time.
 
     Particles are processed ``jax.lax.map``-ped in vectorised chunks whose size bounds memory; the
     compiled program is cached per model and settings, so calling this once per snapshot compiles once.
