@@ -233,17 +233,23 @@ def test_particle_terms_linear_model_against_hand_formulas():
     np.testing.assert_array_equal(terms.trace_se, 0.0)
 
 
-def test_particle_terms_tanh_against_finite_differences():
-    """Gradients, traces and gradient norms of a tiny tanh net with per-point noise and per-leaf priors."""
-    model = models.mlp(1, (3,), "tanh", weight_var=1.3, bias_var=0.4)
-    rng = np.random.default_rng(4)
-    n, k = 6, 2
+def _tanh_terms(hidden: tuple[int, ...], weight_var: float, bias_var: float, seed: int, n: int, k: int):
+    """A small tanh net (per-point noise, per-leaf priors), k particles, and their exact particle terms."""
+    model = models.mlp(1, hidden, "tanh", weight_var=weight_var, bias_var=bias_var)
+    rng = np.random.default_rng(seed)
     x = jnp.asarray(rng.uniform(-2, 2, size=n))
     y = jnp.asarray(rng.normal(size=n))
     nv = jnp.asarray(rng.uniform(0.1, 0.5, size=n))
-    params = models.prior_sample(jax.random.key(7), model, k)
-    pert = perturb.sample(jax.random.key(8), model, y, nv, k)
-    terms = theory.particle_terms(jax.random.key(9), model, params, x, y, pert, nv, method="exact")
+    params = models.prior_sample(jax.random.key(seed + 3), model, k)
+    pert = perturb.sample(jax.random.key(seed + 4), model, y, nv, k)
+    terms = theory.particle_terms(jax.random.key(seed + 5), model, params, x, y, pert, nv, method="exact")
+    return model, x, y, nv, params, pert, terms
+
+
+def test_particle_terms_tanh_against_finite_differences():
+    """Gradients, traces and gradient norms of a tiny tanh net with per-point noise and per-leaf priors."""
+    k = 2
+    model, x, y, nv, params, pert, terms = _tanh_terms((3,), 1.3, 0.4, seed=4, n=6, k=k)
     assert terms.prior_trace == pytest.approx(3 / 1.3 + 3 / 0.4 + 3 / 1.3 + 1 / 0.4, rel=1e-14)
     for i in range(k):
         p_i = jax.tree.map(lambda a, i=i: a[i], params)
@@ -275,22 +281,17 @@ def test_particle_terms_tanh_against_finite_differences():
 def test_particle_terms_exact_traces_equal_the_full_hessians():
     """The exact traces (assembled from per-point second derivatives of f) against the traces of jax.hessian's
     matrices of log p~ and of the curvature term: two hidden layers, per-point noise, per-leaf priors."""
-    model = models.mlp(1, (4, 3), "tanh", weight_var=1.7, bias_var=0.6)
-    rng = np.random.default_rng(11)
-    n, k = 5, 3
-    x = jnp.asarray(rng.uniform(-2, 2, size=n))
-    y = jnp.asarray(rng.normal(size=n))
-    nv = jnp.asarray(rng.uniform(0.1, 0.5, size=n))
-    params = models.prior_sample(jax.random.key(12), model, k)
-    pert = perturb.sample(jax.random.key(13), model, y, nv, k)
-    terms = theory.particle_terms(jax.random.key(14), model, params, x, y, pert, nv, method="exact")
+    k = 3
+    model, x, y, nv, params, pert, terms = _tanh_terms((4, 3), 1.7, 0.6, seed=11, n=5, k=k)
     np.testing.assert_array_equal(terms.trace_se, 0.0)
     np.testing.assert_array_equal(terms.curvature_se, 0.0)
     for i in range(k):
         pert_i = jax.tree.map(lambda a, i=i: a[i], pert)
         theta, unravel = models.ravel(jax.tree.map(lambda a, i=i: a[i], params))
         c = (model.apply(unravel(theta), x) - y) / nv
-        h_tilde = jax.hessian(lambda t, u=unravel, p=pert_i: perturb.perturbed_log_joint(model, u(t), x, p, nv))
+        h_tilde = jax.hessian(
+            lambda t, u=unravel, p=pert_i: perturb.perturbed_log_joint(model, u(t), x, p, nv)
+        )
         h_curv = jax.hessian(lambda t, u=unravel, c=c: jnp.dot(c, model.apply(u(t), x)))
         assert terms.trace[i] == pytest.approx(float(jnp.trace(h_tilde(theta))), rel=1e-11)
         assert terms.curvature[i] == pytest.approx(float(jnp.trace(h_curv(theta))), rel=1e-11, abs=1e-12)
