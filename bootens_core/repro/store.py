@@ -40,6 +40,7 @@ __all__ = [
     "load_record",
     "summary_dict",
     "cached",
+    "cached_record",
     "provenance",
     "summary_as",
     "TypedSummary",
@@ -324,3 +325,26 @@ def cached(
     if use_cache:
         save(result, where)
     return result
+
+
+def cached_record(
+    name: str,
+    key: Any,
+    cfg: Any,
+    compute: Callable[[], dict[str, Any]],
+    *,
+    use_cache: bool = True,
+) -> dict[str, Any]:
+    """:func:`cached` for a computation that returns one dict (a study, a check): its top-level array values
+    are stored in ``arrays.npz``, everything else in ``summary.json``. A record read back equals the one
+    computed (the same keys in the same order, arrays with their dtypes, floats to the last bit), except that
+    tuples come back as lists."""
+
+    def _split() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        record = compute()
+        arrays = {k: v for k, v in record.items() if isinstance(v, np.ndarray)}
+        return arrays, {"keys": list(record), "values": {k: v for k, v in record.items() if k not in arrays}}
+
+    result = cached(name, key, cfg, _split, use_cache=use_cache)
+    values = result.summary["values"]
+    return {k: result.arrays[k] if k in result.arrays else values[k] for k in result.summary["keys"]}

@@ -336,3 +336,25 @@ def test_summary_dict_takes_the_record_or_the_dict():
     d = {"a": 3.0}
     assert store.summary_dict(d) is d
     assert store.summary_dict(None) is None
+
+
+def test_cached_record_reads_back_the_record_it_computed(cache):
+    key = jax.random.key(0)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"curve": np.array([0.1, 1 / 3, math.pi]), "steps": np.arange(3, dtype=np.int32), "n": 7,
+                "final": {"a": 1 / 7, "b": None}, "rows": [{"x": float("nan"), "y": -math.inf}], "name": "z"}
+
+    first = store.cached_record("demo-record", key, CFG, compute)
+    again = store.cached_record("demo-record", key, CFG, compute)
+    assert len(calls) == 1  # read back, not recomputed
+    assert list(again) == list(first) == ["curve", "steps", "n", "final", "rows", "name"]
+    for k in ("curve", "steps"):
+        assert again[k].dtype == first[k].dtype
+        np.testing.assert_array_equal(again[k], first[k])
+    assert again["final"] == first["final"] and again["n"] == 7 and again["name"] == "z"
+    assert math.isnan(again["rows"][0]["x"]) and again["rows"][0]["y"] == -math.inf
+    store.cached_record("demo-record", key, CFG, compute, use_cache=False)
+    assert len(calls) == 2

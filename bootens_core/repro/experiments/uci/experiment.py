@@ -1152,6 +1152,7 @@ def lbfgs_check(
     hidden_layers: int = 1,
     noise_var: float = 0.1,
     steps: int | None = None,
+    use_cache: bool = True,
 ) -> dict[str, Any]:
     """One particle of a UCI cell, optimised by the paper's L-BFGS and by references (float64).
 
@@ -1173,10 +1174,32 @@ def lbfgs_check(
     ``fixed_uphill`` -- the fixed-step iterations whose update points uphill (``g.d >= 0``), and
     ``fixed_negative_pairs`` -- the pairs with ``y.s <= 0`` that optax stored (torch would have skipped
     them).
+
+    The record is kept in the result cache under its arguments (``use_cache=False``: neither read nor written).
     """
+    steps = cfg.lbfgs.steps if steps is None else int(steps)
+    args = _StudyArgs(cfg, dataset, split, hidden_layers, noise_var, steps)
+    return store.cached_record("uci-lbfgs-check", key, args, lambda: _lbfgs_check(key, args), use_cache=use_cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StudyArgs:
+    """What decides a study of one UCI split beside the configuration (its result-cache key)."""
+
+    cfg: UCIConfig
+    dataset: str
+    split: int
+    hidden_layers: int = 1
+    noise_var: float | None = None
+    steps: int | None = None
+    step_sizes: tuple[float, ...] = ()
+
+
+def _lbfgs_check(key: jax.Array, args: _StudyArgs) -> dict[str, Any]:
     from scipy.optimize import LbfgsInvHessProduct, minimize
 
-    steps = cfg.lbfgs.steps if steps is None else int(steps)
+    cfg, dataset, split, hidden_layers, noise_var, steps = (args.cfg, args.dataset, args.split, args.hidden_layers,
+                                                             args.noise_var, args.steps)
     data = uci.load(dataset, split)
     model = _mlp(data.x_train.shape[1], hidden_layers, cfg.network)
     x = jnp.asarray(data.x_train, jnp.float64)
@@ -1297,6 +1320,7 @@ def sghmc_step_study(
     split: int = 0,
     step_sizes: tuple[float, ...] = (1e-3, 3e-3, 1e-2, 3e-2),
     noise_var: float | None = None,
+    use_cache: bool = True,
 ) -> dict[str, Any]:
     """Scale-adapted SGHMC on one UCI split for several step sizes ``eps`` (``lr_scaling="none"``), every other
     setting from ``cfg`` (the paper's: 10 restarts x 20 draws, burn-in 2000, thin 2000, batch 20).
@@ -1306,12 +1330,17 @@ def sghmc_step_study(
     For every ``eps``: test RMSE, MNLL and 95% coverage of the mixture of the kept draws (original units),
     the restarts that diverged (left out), the predictive R-hat across restarts on the test inputs (mean and
     max over points; 1 = the restarts agree), the median log joint of the last kept draws and the wall time.
+    The record is kept in the result cache under its arguments (``use_cache=False``: neither read nor written).
     """
-    import dataclasses
-    import time
+    args = _StudyArgs(cfg, dataset, split, noise_var=noise_var, step_sizes=tuple(float(e) for e in step_sizes))
+    return store.cached_record("uci-sghmc-study", key, args, lambda: _sghmc_step_study(key, args),
+                               use_cache=use_cache)
 
+
+def _sghmc_step_study(key: jax.Array, args: _StudyArgs) -> dict[str, Any]:
     from ....baselines import gp
 
+    cfg, dataset, split, noise_var, step_sizes = args.cfg, args.dataset, args.split, args.noise_var, args.step_sizes
     data = uci.load(dataset, split)
     if noise_var is None:
         noise_var = float(gp.fit_predict(key, data.x_train, data.y_train, data.x_test, method="gpr").noise_var)
