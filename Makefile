@@ -49,7 +49,10 @@ book: venv
 	@$(call TIMED,env -u MPLBACKEND $(BIN)/python .ci/execute_book.py --jobs $(JOBS) && \
 	  env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html)
 
-test: venv test-unit book test-nbval test-browser
+# nbval and the browser test both read the built book and nothing else: they run side by side (the browser
+# test is one process, nbval two), each target's output printed whole when it ends.
+test: venv test-unit book
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-nbval test-browser
 
 # The log lists the 40 slowest tests (--durations): where the unit stage's time goes. Tests that compute a
 # chapter's own run hand it to the book build (BOOTENS_PUBLISH_DIR, see tests/conftest.py).
