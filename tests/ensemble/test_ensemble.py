@@ -397,6 +397,29 @@ def test_chunking_and_progress_do_not_change_the_numbers(prob, steps, capsys):
     assert "testing" in capsys.readouterr().err
 
 
+def test_compiler_options_reach_the_compiled_loop_and_change_only_rounding():
+    """CPU_REDUCE_WITHOUT_YNN compiles the loop with XLA's own reductions: the same particles to float rounding
+    (10 000 toy-ReLU particles on 24 points, where the option matters); an option XLA cannot read fails the
+    compilation (so the options do reach it); options that are not a mapping of names are refused."""
+    model = models.toy_relu(1.0)
+    x = np.linspace(-0.4, 0.4, 24)
+    y = np.maximum(2.0 * x, 0) + np.maximum(-1.5 * x, 0)
+    common = dict(noise_var=0.05, n_particles=10_000, opt=ensemble.optimizer("sgd", 0.05), steps=50,
+                  snapshot_steps=(0, 50))
+    plain = ensemble.train(jax.random.key(3), model, x, y, **common)
+    other = ensemble.train(jax.random.key(3), model, x, y, compiler_options=ensemble.CPU_REDUCE_WITHOUT_YNN,
+                           **common)
+    for u, v in zip(jax.tree.leaves((plain.params, plain.snapshots, plain.loss)),
+                    jax.tree.leaves((other.params, other.snapshots, other.loss)), strict=True):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-11, atol=1e-13)
+    with pytest.raises(Exception, match="xla_cpu_experimental_ynn_fusion_type"):
+        ensemble.train(jax.random.key(3), model, x, y, **common,
+                       compiler_options={"xla_cpu_experimental_ynn_fusion_type": "NOT_A_FUSION_TYPE"})
+    for bad in (["xla_cpu_experimental_ynn_fusion_type"], {1: "x"}):
+        with pytest.raises(ValueError, match="compiler_options"):
+            ensemble.train(jax.random.key(3), model, x, y, **common, compiler_options=bad)
+
+
 def test_float32_training_stays_float32(prob):
     res = prob.train(
         jax.random.key(11),
