@@ -403,7 +403,8 @@ def _histogram_study(key: jax.Array, cfg: ToyReluConfig, model: models.Model, da
         k_r = jax.random.fold_in(k_runs, r)  # the same replicates at both steps: paired comparison
         for lab, (_, steps_at) in runs.items():
             res = ensemble.train(k_r, model, data.x, data.y, noise_var=cfg.noise_var, n_particles=cfg.kl_particles,
-                                 opt=opts[lab], steps=int(steps_at[-1]), snapshot_steps=steps_at)
+                                 opt=opts[lab], steps=int(steps_at[-1]), snapshot_steps=steps_at,
+                                 compiler_options=ensemble.CPU_REDUCE_WITHOUT_YNN)
             path = np.asarray(res.snapshots["w"])
             del res
             for j in range(n_t):
@@ -552,6 +553,7 @@ def _compute(key: jax.Array, cfg: ToyReluConfig, progress: bool):
     res = ensemble.train(
         k_ens, model, data.x, data.y, noise_var=cfg.noise_var, n_particles=cfg.n_particles, opt=opt,
         steps=cfg.steps, snapshot_steps=kl_steps, progress="Algorithm 1" if progress else False,
+        compiler_options=ensemble.CPU_REDUCE_WITHOUT_YNN,  # many particles, 24 points: 4x faster on a CPU
     )
     path = np.asarray(res.snapshots["w"])  # (len(kl_steps), k, 2)
 
