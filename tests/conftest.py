@@ -14,10 +14,12 @@
   the program, the versions and the flags; never carried over between sessions) compiles each one once.
   A ``JAX_COMPILATION_CACHE_DIR`` set by the caller is respected.
 - For the same reason the tests compile with XLA's LLVM backend at optimisation level 0
-  (``--xla_backend_optimization_level=0``, unless the caller's ``XLA_FLAGS`` name a level): the suite's
+  (``--xla_backend_optimization_level=0``) and with XLA's older CPU fusion code generator
+  (``--xla_cpu_use_fusion_emitters=false``), each unless the caller's ``XLA_FLAGS`` name it: the suite's
   programs are small and run briefly, so compiling them fast matters more than running them fast (measured
-  on a 2-core CPU: the deep-ReLU and ensemble-grid tests 144 -> 99 s). It changes rounding, as another CPU
-  does. The book's chapters compile at XLA's default level, so a chapter's own run that a test hands to the
+  on a 2-core CPU: level 0 took the deep-ReLU and ensemble-grid tests from 144 to 99 s; the older fusion
+  code generator halves the XLA compile time of an L-BFGS and an Adam training loop, 23 -> 11 s, and took
+  the ensemble, sampler and bench tests from 672 to 405 s). Both change rounding, as another CPU does. The book's chapters compile at XLA's default level, so a chapter's own run that a test hands to the
   book is computed as the chapter computes it: in a subprocess with the caller's ``XLA_FLAGS``
   (``chapter_run``), where it also runs at full speed.
 """
@@ -39,8 +41,9 @@ matplotlib.use("Agg")
 
 # Read by XLA when JAX first creates its CPU backend, after this file is imported (subprocesses inherit it).
 _CALLER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
-if "--xla_backend_optimization_level" not in (_CALLER_XLA_FLAGS or ""):
-    os.environ["XLA_FLAGS"] = " ".join([*(_CALLER_XLA_FLAGS or "").split(), "--xla_backend_optimization_level=0"])
+_TEST_XLA_FLAGS = [flag for flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+                   if flag.split("=")[0] not in (_CALLER_XLA_FLAGS or "")]
+os.environ["XLA_FLAGS"] = " ".join([*(_CALLER_XLA_FLAGS or "").split(), *_TEST_XLA_FLAGS])
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -117,7 +120,7 @@ store.save(experiment.run(jax.random.key(cfg.seed), cfg, use_cache=False), out +
 @pytest.fixture(scope="session")
 def book_env() -> dict[str, str]:
     """The environment for a subprocess that should compute as the book does: this one's, with the caller's
-    ``XLA_FLAGS`` (without the tests' optimisation level)."""
+    ``XLA_FLAGS`` (without the tests' compile flags)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if _CALLER_XLA_FLAGS is not None:
         env["XLA_FLAGS"] = _CALLER_XLA_FLAGS
