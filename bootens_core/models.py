@@ -23,6 +23,7 @@ __all__ = [
     "ACTIVATIONS",
     "mlp",
     "linear_in_features",
+    "given_features",
     "trig_features",
     "scalar_linear",
     "toy_relu",
@@ -195,6 +196,22 @@ def linear_in_features(
         name=name,
         signature=None if signature is None else ("linear_in_features", signature),
     )
+
+
+def given_features(model: Model) -> Model:
+    """``model`` (linear in its parameters: ``model.features`` set) as a function of its features: the returned
+    model's ``apply({"w": w}, phi)`` is ``phi @ w`` for ``phi = model.features(x)``, with the same parameters
+    and prior. Training on ``model.features(x)`` with it computes the features once instead of at every step
+    (the ensemble drivers do so); its compiled programs depend only on the shapes and the prior, not on which
+    features were computed."""
+    if model.features is None:
+        raise ValueError(f"model {model.name!r} is not linear in its parameters (its features are None)")
+
+    def apply(params: Params, phi: jax.Array) -> jax.Array:
+        return phi @ params["w"]
+
+    return Model(apply=apply, shapes=model.shapes, prior_var=model.prior_var, features=None,
+                 name=f"{model.name}, on given features", signature="given_features")
 
 
 def trig_features(omega: jax.Array, prior_var: float = 1.0) -> Model:

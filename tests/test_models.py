@@ -175,6 +175,22 @@ def test_trig_features():
     assert model.shapes == {"w": (5,)} and model.prior_var == {"w": 2.0}
 
 
+def test_given_features_is_the_model_on_its_features():
+    omega = np.array([0.3, -1.2, 2.5])
+    model = models.trig_features(jnp.asarray(omega), prior_var=2.0)
+    on_phi = models.given_features(model)
+    x = jnp.asarray(np.linspace(-3, 3, 7))
+    w = {"w": jnp.asarray([1.0, -2.0, 0.5])}
+    np.testing.assert_allclose(np.asarray(on_phi.apply(w, model.features(x))), np.asarray(model.apply(w, x)),
+                               rtol=1e-14)
+    assert on_phi.shapes == model.shapes and on_phi.prior_var == model.prior_var and on_phi.features is None
+    # Other features of the same number and prior: the same compiled programs.
+    other = models.given_features(models.trig_features(jnp.asarray(omega + 1.0), prior_var=2.0))
+    assert models.program_key(other) == models.program_key(on_phi) != models.program_key(model)
+    with pytest.raises(ValueError, match="not linear in its parameters"):
+        models.given_features(models.toy_relu())
+
+
 def test_scalar_linear():
     model = models.scalar_linear(prior_var=0.7)
     x = np.array([-2.0, 0.0, 0.5, 3.0])

@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..checks import DivergedParticlesError, check_data, check_finite, model_outputs
 from ..driver import Chunk, ProgramCache, run_chunks
-from ..models import Model, Params, float_dtype, predict, program_key
+from ..models import Model, Params, float_dtype, given_features, predict, program_key
 from ..perturb import Perturbation
 from .kernel import State, init, step
 from .optimizers import Optimizer
@@ -305,6 +305,11 @@ def _drive(
         raise ValueError(f"particle_batch must be a positive integer or None, got {particle_batch!r}")
     init_params = state.params
     k = int(jax.tree.leaves(state.params)[0].shape[0])
+    if model.features is not None:
+        # A model linear in its parameters: its features computed once here, not at every step (the linear
+        # chapter's 1024 cosine features of 64 points were 30% of its Adagrad step on a CPU).
+        x = model.features(x)
+        model = given_features(model)
     mesh = None
     if shard is not False and shard is not None:
         mesh = shard if isinstance(shard, Mesh) else particle_mesh(None if shard is True else shard)

@@ -420,6 +420,32 @@ def test_compiler_options_reach_the_compiled_loop_and_change_only_rounding():
             ensemble.train(jax.random.key(3), model, x, y, **common, compiler_options=bad)
 
 
+def test_features_of_a_linear_model_are_computed_once_outside_the_loop():
+    """A model linear in its parameters trains on its features computed once (never traced into the compiled
+    loop): the same particles, to rounding, as the model written as a function of given features."""
+    omega = jnp.asarray([0.5, -1.1, 2.0, 0.2])
+    base = models.trig_features(omega)
+    traced = []
+
+    def features(x):
+        traced.append(isinstance(x, jax.core.Tracer))
+        return base.features(x)
+
+    model = models.linear_in_features(features, 4, name="counted trig features")
+    x = np.linspace(-2.0, 2.0, 15)
+    y = np.sin(x)
+    common = dict(noise_var=0.3, n_particles=6, opt=ensemble.optimizer("adam", 0.05), steps=40,
+                  snapshot_steps=(0, 40))
+    res = ensemble.train(jax.random.key(4), model, x, y, **common)
+    # Evaluated once on the data; traced at most once, by the check of the model's output shape.
+    assert traced.count(False) == 1 and traced.count(True) <= 1
+    ref = ensemble.train(jax.random.key(4), models.given_features(base), np.asarray(base.features(jnp.asarray(x))),
+                         y, **common)
+    for u, v in zip(jax.tree.leaves((res.params, res.snapshots, res.loss)),
+                    jax.tree.leaves((ref.params, ref.snapshots, ref.loss)), strict=True):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-12, atol=1e-14)
+
+
 def test_float32_training_stays_float32(prob):
     res = prob.train(
         jax.random.key(11),
