@@ -49,15 +49,18 @@ book: venv
 	@$(call TIMED,env -u MPLBACKEND $(BIN)/python .ci/execute_book.py --jobs $(JOBS) && \
 	  env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html)
 
-# nbval and the browser test both read the built book and nothing else: they run side by side (the browser
-# test is one process, nbval two), each target's output printed whole when it ends.
-test: venv test-unit book
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-nbval test-browser
+# The book first, then the unit tests, nbval and the browser test side by side (each target's output printed
+# whole when it ends): nbval and the browser test read the built book and nothing else, and fill the cores
+# the unit tests leave idle at their end; the unit tests read the chapter runs they check from the book's
+# result cache instead of computing them again (BOOTENS_BOOK_CACHE, see tests/conftest.py).
+test: venv book
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-unit test-nbval test-browser
 
-# The log lists the 40 slowest tests (--durations): where the unit stage's time goes. Tests that compute a
-# chapter's own run hand it to the book build (BOOTENS_PUBLISH_DIR, see tests/conftest.py).
+# The log lists the 40 slowest tests (--durations): where the unit stage's time goes. Tests that check a
+# chapter's own run share it with the book build: read when the book computed it, else computed and handed
+# over (BOOTENS_BOOK_CACHE, see tests/conftest.py).
 test-unit: venv
-	@$(call TIMED,BOOTENS_PUBLISH_DIR=$(BOOTENS_CACHE_DIR) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" --durations=40 tests)
+	@$(call TIMED,BOOTENS_BOOK_CACHE=$(BOOTENS_CACHE_DIR) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" --durations=40 tests)
 
 test-nbval: venv
 	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book)

@@ -1,12 +1,13 @@
 """Shared test set-up.
 
 - Every test session writes results into a fresh temporary cache (``BOOTENS_CACHE_DIR``), so no test ever
-  reads a result cached by an earlier run or by the book build (a stale cache would hide a regression).
-- The other way round is allowed: a test that computes a whole experiment at a chapter's own settings hands
-  the result to the book build that follows (the ``publish`` fixture writes it into ``BOOTENS_PUBLISH_DIR``,
-  which ``make test-unit`` sets to the book's result cache). The cache key holds the configuration, the key
-  and the hash of the package's source, so the chapter finds it only when the same code would compute it
-  again; ``make test`` then computes the linear chapter's two runs once instead of twice.
+  reads a result cached by an earlier run (a stale cache would hide a regression) -- with one exception, a
+  chapter's own run at the chapter's own settings, which the tests and the book build share through
+  ``BOOTENS_BOOK_CACHE`` (``make test`` sets it to the book's result cache): ``chapter_run`` reads the run
+  the book build computed before the tests, or computes it and hands it (``publish``) to a book build that
+  follows. Either way it is computed once, as the chapter computes it. The cache key holds the
+  configuration, the key and the hash of the package's source, so a run is found only where the same code
+  would compute it again.
 - Matplotlib draws off-screen (Agg).
 - Importing :mod:`bootens_core` first enables JAX's 64-bit mode for every test module.
 - XLA compiles on a 2-core CPU are the bulk of the suite's time, and many tests compile the same program
@@ -87,12 +88,12 @@ def _fresh_result_cache(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def publish() -> Callable[..., None]:
     """``publish(result)``: store ``result`` (a :class:`bootens_core.repro.store.Result` a test computed, cache
-    off) under its cache key in ``$BOOTENS_PUBLISH_DIR``, where a later book build finds it; nothing when
+    off) under its cache key in ``$BOOTENS_BOOK_CACHE``, where a later book build finds it; nothing when
     the variable is unset or the entry exists (two workers computing the same run store identical numbers)."""
     from bootens_core.repro import store
 
     def _publish(result: store.Result) -> None:
-        target = os.environ.get("BOOTENS_PUBLISH_DIR")
+        target = os.environ.get("BOOTENS_BOOK_CACHE")
         if not target:
             return
         where = Path(target) / result.name / result.provenance["cache_key"]
@@ -129,12 +130,20 @@ def book_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def chapter_run(publish, book_env, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., object]:
-    """``chapter_run(name, cfg)``: experiment ``name``'s run at ``cfg`` (key ``cfg.seed``, cache off), computed
-    as the book's chapter computes it (a fresh process with the caller's ``XLA_FLAGS``, float64), read back,
-    published for the book build (``publish``) and returned."""
+    """``chapter_run(name, cfg)``: experiment ``name``'s run at ``cfg`` (key ``cfg.seed``), as the book's chapter
+    computes it: read from ``$BOOTENS_BOOK_CACHE`` when the book build (or another test) stored it there under
+    its cache key, otherwise computed in a fresh process with the caller's ``XLA_FLAGS`` (float64, cache off),
+    read back and published for a book build that follows (``publish``)."""
+    import jax
+
     from bootens_core.repro import store
 
     def _run(name: str, cfg: object) -> store.Result:
+        shared = os.environ.get("BOOTENS_BOOK_CACHE")
+        if shared:
+            where = Path(shared) / name / store.cache_key(name, cfg, jax.random.key(cfg.seed))
+            if where.is_dir():
+                return store.load(where)
         out = tmp_path_factory.mktemp(f"chapter-run-{name}")
         with open(out / "config.pkl", "wb") as f:
             pickle.dump(cfg, f)

@@ -47,13 +47,13 @@ def test_cached_run_equals_fresh_run(result):
 
 
 def test_a_published_result_is_what_a_later_run_reads(result, publish, tmp_path, monkeypatch):
-    """conftest's ``publish``: a result a test computed lands under its cache key in BOOTENS_PUBLISH_DIR, and a
+    """conftest's ``publish``: a result a test computed lands under its cache key in BOOTENS_BOOK_CACHE, and a
     run with that directory as its cache reads it (the same provenance: nothing recomputed); without the
     variable nothing is written."""
-    monkeypatch.delenv("BOOTENS_PUBLISH_DIR", raising=False)
+    monkeypatch.delenv("BOOTENS_BOOK_CACHE", raising=False)
     publish(result)
     assert not any(tmp_path.iterdir())
-    monkeypatch.setenv("BOOTENS_PUBLISH_DIR", str(tmp_path / "book"))
+    monkeypatch.setenv("BOOTENS_BOOK_CACHE", str(tmp_path / "book"))
     publish(result)
     publish(result)  # an entry that exists is left alone
     monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "book"))
@@ -62,6 +62,16 @@ def test_a_published_result_is_what_a_later_run_reads(result, publish, tmp_path,
     assert read.provenance == result.provenance
     other = dataclasses.replace(CFG, seed=CFG.seed + 1)
     assert univariate.run(jax.random.key(other.seed), other).provenance["cache_key"] != result.provenance["cache_key"]
+
+
+def test_chapter_run_reads_a_run_the_book_stored(result, publish, chapter_run, tmp_path, monkeypatch):
+    """conftest's ``chapter_run``: a run already under its cache key in BOOTENS_BOOK_CACHE (the book build
+    computed it first) is read, not computed again (a computed run would carry a provenance of its own)."""
+    monkeypatch.setenv("BOOTENS_BOOK_CACHE", str(tmp_path / "book"))
+    publish(result)
+    read = chapter_run("univariate", CFG)
+    _assert_identical(result, read)
+    assert read.provenance == result.provenance
 
 
 def test_arrays_and_stages(result):
