@@ -20,9 +20,10 @@
   programs are small and run briefly, so compiling them fast matters more than running them fast (measured
   on a 2-core CPU: level 0 took the deep-ReLU and ensemble-grid tests from 144 to 99 s; the older fusion
   code generator halves the XLA compile time of an L-BFGS and an Adam training loop, 23 -> 11 s, and took
-  the ensemble, sampler and bench tests from 672 to 405 s). Both change rounding, as another CPU does. The book's chapters compile at XLA's default level, so a chapter's own run that a test hands to the
-  book is computed as the chapter computes it: in a subprocess with the caller's ``XLA_FLAGS``
-  (``chapter_run``), where it also runs at full speed.
+  the ensemble, sampler and bench tests from 672 to 405 s). Both change rounding, as another CPU does. The
+  book's chapters compile with XLA's defaults, so a chapter's own run that a test computes is computed as
+  the chapter computes it: in a subprocess with the caller's ``XLA_FLAGS`` (``chapter_run``), where it also
+  runs at full speed.
 """
 
 from __future__ import annotations

@@ -132,15 +132,15 @@ def profile_table(doc: dict[str, Any]) -> pd.DataFrame:
 
 def ci_timings_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
     """Committed CI timing records (``results/ci/<label>.json``: ``stages`` in seconds, ``total_s``,
-    ``machine``, ``commit``, ``date``), one column per record; an empty table when there are none."""
+    ``machine``, ``commit``, ``date``), one row per record (its label names the machine and the commit), in
+    order of date; an empty table when there are none. A stage a record lacks is left empty. Seconds only:
+    the table must fit the page as records accumulate."""
     if not records:
         return pd.DataFrame()
-    cols = {}
+    rows = {}
     for label, rec in records.items():
-        col = {f"{name} (s)": round(float(sec)) for name, sec in rec["stages"].items()}
-        col["total (s)"] = round(float(rec["total_s"]))
-        col["machine"] = rec.get("machine", "")
-        col["commit"] = str(rec.get("commit", ""))[:10]
-        col["date"] = rec.get("date", "")
-        cols[label] = col
-    return pd.DataFrame(cols)
+        row = {f"{name.removeprefix('test-')} (s)": round(float(sec)) for name, sec in rec["stages"].items()}
+        row["total (s)"] = round(float(rec["total_s"]))
+        rows[label] = row
+    order = sorted(records, key=lambda label: str(records[label].get("date", "")))
+    return pd.DataFrame.from_dict(rows, orient="index").loc[order].astype("Int64")

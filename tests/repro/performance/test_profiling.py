@@ -4,6 +4,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import pandas as pd
 import pytest
 
 from bootens_core.repro.performance import figures, profiling, verdicts
@@ -70,7 +71,10 @@ def test_ci_records_load_and_bad_ones_name_the_file(tmp_path):
     (tmp_path / "local.json").write_text(json.dumps(rec))
     recs = profiling.load_ci_records(tmp_path)
     assert recs == {"local": rec}
-    assert verdicts.ci_timings_table(recs).loc["total (s)", "local"] == 1100
+    table = verdicts.ci_timings_table(recs | {"older": {**rec, "date": "2026-11-01", "stages": {"test": 900}}})
+    assert list(table.index) == ["older", "local"]  # by date
+    assert table.loc["local", "total (s)"] == 1100 and table.loc["local", "unit (s)"] == 300
+    assert table.loc["older", "unit (s)"] is pd.NA and table.loc["older", "test (s)"] == 900
     (tmp_path / "bad.json").write_text(json.dumps({"total_s": 3}))
     with pytest.raises(ValueError, match="bad.json is not a CI timing record"):
         profiling.load_ci_records(tmp_path)
