@@ -135,8 +135,6 @@ def chapter_run(publish, book_env, tmp_path_factory: pytest.TempPathFactory) -> 
     computes it: read from ``$BOOTENS_BOOK_CACHE`` when the book build (or another test) stored it there under
     its cache key, otherwise computed in a fresh process with the caller's ``XLA_FLAGS`` (float64, cache off),
     read back and published for a book build that follows (``publish``)."""
-    import jax
-
     from bootens_core.repro import store
 
     def _run(name: str, cfg: object) -> store.Result:
