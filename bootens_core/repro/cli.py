@@ -549,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a config field (JSON value; a method's settings by a dotted name), e.g. "
                             "--set n_particles=50 --set lbfgs.memory=100; repeatable")
-    p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads)")
+    p_run.add_argument("--workers", type=int, default=None, help="uci: cells run at once (threads; 0: one per usable core, at most 2)")
     p_run.add_argument("--stored-only", action="store_true",
                        help="uci: compute nothing; summarise the cells already stored (missing ones are listed)")
     p_run.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",

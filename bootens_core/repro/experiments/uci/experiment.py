@@ -515,7 +515,8 @@ def run(
         root = Path(tempfile.mkdtemp(prefix="bootens-uci-cells-"))
     cell_store = _CellStore(root, cfg)
     compute = functools.partial(_timed_cell, key, cfg, _cell_provenance())
-    records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.workers, force=force, progress=progress)
+    records = harness.run_cells(all_cells, compute, cell_store, workers=cfg.cell_workers, force=force,
+                                progress=progress)
     return _result(records, cfg, {**store.provenance(time.perf_counter() - start), "cell_store": str(root)})
 
 
@@ -1560,7 +1561,7 @@ def run_pending(
       are passed over and are not remaining; a note counts them.
     - **The budget** (seconds from ``start``, a ``clock()`` value; default now; ``None``: no budget): a cell
       starts only when its estimate fits (:func:`~bootens_core.repro.cellpack.admissible`, which counts the cells
-      still running with ``cfg.workers > 1``); one that does not fit is passed over for a later one that does.
+      still running with ``cfg.cell_workers > 1``); one that does not fit is passed over for a later one that does.
     - **Estimates** (:class:`~bootens_core.repro.cellpack.CellTimes`, rule in its docstring, ``safety`` and
       ``default_s`` as there): from the ``wall_s``/``compile_s`` of the configuration's stored cells (those of
       this run join as they finish), else ``references`` (:func:`reference_times`), scaled between datasets and
@@ -1628,7 +1629,7 @@ def run_pending(
     write()
     outcome = cellpack.run_budgeted(
         runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
-        estimate=times.estimate, budget_s=budget_s, workers=cfg.workers, clock=clock, start=t0, on_finish=on_finish,
+        estimate=times.estimate, budget_s=budget_s, workers=cfg.cell_workers, clock=clock, start=t0, on_finish=on_finish,
         force=force, progress=progress, probe=times.probe,
     )
     for cell in times.probed:

@@ -335,6 +335,7 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
     assert p0["ensemble-1"].parent.name.startswith("ensemble-1-") and p0["ensemble-1"].name == "split-3.json"
     # the selection of datasets, methods, splits and the workers change no cell
     assert p0 == paths(UCIConfig(datasets=("boston",), methods=("gp",), max_splits=2, workers=2))
+    assert p0 == paths(UCIConfig(workers=0))
     # a family's own setting moves only that family's cells
     for name, value, families in (("n_particles", 7, ("ensemble",)), ("gp.n_inducing", 50, ("gp",)),
                                   ("mcd.samples", 9, ("mcd",)), ("sghmc.lr", 0.1, ("sghmc",)),
@@ -462,3 +463,32 @@ def test_gp_cells_take_the_closed_form_gradient_above_2000_rows(monkeypatch, n, 
     got = {k: v for k, v in calls[-1].items() if k not in ("method", "n_inducing", "max_iter")}
     assert got == expected and calls[-1]["method"] == "svgp"
     assert pred.info["gradient"] == expected.get("gradient", "autodiff")
+
+
+def test_workers_zero_runs_a_cell_per_usable_core_at_most_two(monkeypatch):
+    """The quick profile's workers = 0: one cell at a time for a process held to one core (the book's build
+    holds each chapter to one), two with two cores or more; the run hands that number to the harness."""
+    assert UCIConfig.quick().workers == 0 and UCIConfig().workers == 1
+    for cores, expected in ((1, 1), (2, 2), (16, 2)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
+        assert UCIConfig(workers=0).cell_workers == expected
+    assert UCIConfig(workers=3).cell_workers == 3
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be a non-negative integer"):
+            UCIConfig(workers=bad)
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def run_cells(cells, compute, cell_store, *, workers, **kw):
+        seen.append(workers)
+        raise Stop
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(uci_experiment.harness, "run_cells", run_cells)
+    with pytest.raises(Stop):
+        experiment.run(jax.random.key(0), UCIConfig(datasets=("yacht",), methods=("gp",), max_splits=1, workers=0))
+    assert seen == [1]
+
