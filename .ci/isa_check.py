@@ -3,10 +3,12 @@
     .venv/bin/python .ci/isa_check.py --isa AVX --out _build/isa-AVX                 # every chapter
     .venv/bin/python .ci/isa_check.py --isa AVX --out _build/isa-AVX univariate linear
     .venv/bin/python .ci/isa_check.py --compare-only --out _build/isa-AVX            # compare what is there
+    .venv/bin/python .ci/isa_check.py --isa AVX --out _build/isa-AVX --keep-results _build/isa-AVX/results linear
 
 XLA compiles for the CPU it runs on (``--xla_cpu_max_isa`` caps the instruction set it may use), so this
 shows, on one machine, what a machine with an older CPU computes. Each chapter runs in a fresh result cache
-(nothing computed under the default instruction set is reused), with ``book/`` as its working directory,
+(nothing computed under the default instruction set is reused; ``--keep-results`` keeps it, with the runs the
+chapter computed, for a comparison at Monte-Carlo precision), with ``book/`` as its working directory,
 and its executed copy is written to ``OUT/<chapter>.ipynb``. The report (``OUT/report.md``, also printed)
 lists per chapter: the checked cells (tag ``nbval-check-output``) whose output differs — what nbval would
 fail — and, for every other output, how many numbers moved and the largest absolute and relative change.
@@ -38,12 +40,18 @@ def chapters() -> list[str]:
     return [Path(e["file"]).name for e in toc["chapters"] if (ROOT / f"{e['file']}.ipynb").exists()]
 
 
-def execute(chapter: str, isa: str, out: Path, timeout: int) -> float:
-    """Run ``book/<chapter>.ipynb`` under ``--xla_cpu_max_isa=isa`` into ``out/<chapter>.ipynb``; seconds."""
+def execute(chapter: str, isa: str, out: Path, timeout: int, keep: Path | None = None) -> float:
+    """Run ``book/<chapter>.ipynb`` under ``--xla_cpu_max_isa=isa`` into ``out/<chapter>.ipynb``; seconds. The
+    chapter's fresh result cache is removed afterwards, or kept as ``keep/<chapter>`` when ``keep`` is given."""
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_cpu_max_isa")]
     env["XLA_FLAGS"] = " ".join([*flags, f"--xla_cpu_max_isa={isa}"])
-    env["BOOTENS_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"bootens-isa-{isa}-")
+    if keep is not None:
+        shutil.rmtree(keep / chapter, ignore_errors=True)
+        (keep / chapter).mkdir(parents=True)
+        env["BOOTENS_CACHE_DIR"] = str(keep / chapter)
+    else:
+        env["BOOTENS_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"bootens-isa-{isa}-")
     env.pop("MPLBACKEND", None)
     # nbclient writes next to the input; run a temporary copy inside book/ so relative paths hold.
     tmp = ROOT / "book" / f".isa-{chapter}.ipynb"
@@ -58,7 +66,8 @@ def execute(chapter: str, isa: str, out: Path, timeout: int) -> float:
         raise SystemExit(f"isa_check: {chapter} failed under {isa}")
     finally:
         tmp.unlink(missing_ok=True)
-        shutil.rmtree(env["BOOTENS_CACHE_DIR"], ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(env["BOOTENS_CACHE_DIR"], ignore_errors=True)
     return time.time() - start
 
 
@@ -117,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="folder for the executed notebooks and report.md")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     p.add_argument("--compare-only", action="store_true", help="execute nothing; compare what OUT holds")
+    p.add_argument("--keep-results", metavar="DIR", help="keep each chapter's result cache as DIR/<chapter> "
+                   "(its runs under the other instruction set; removed by default)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         seconds = None
         if not args.compare_only:
-            seconds = execute(name, args.isa, out, args.timeout)
+            seconds = execute(name, args.isa, out, args.timeout,
+                              Path(args.keep_results) if args.keep_results else None)
             print(f"isa_check: {name} executed in {seconds:.0f} s", file=sys.stderr)
         if not (out / f"{name}.ipynb").exists():
             lines.append(f"## {name}: not executed")
