@@ -20,7 +20,8 @@ comma := ,
 # Each stage of `make test` prints "timing: <stage> <seconds> s" when it succeeds (.ci/run collects them).
 TIMED = s=$$(date +%s); $(1) && echo "timing: $@ $$(( $$(date +%s) - s )) s"
 
-.PHONY: help venv book test test-unit test-nbval test-browser browser-deps clean lock isa-check
+.PHONY: help venv book test test-unit test-nbval test-browser browser-deps clean lock isa-check \
+  test-unit-when-a-core-is-free test-after-book
 
 help:
 	@echo "make book   - create .venv, install, build the whole book ($(BOOTENS_PROFILE) profile) into _build/html"
@@ -45,22 +46,41 @@ venv:
 # inline figures (plt.show() outputs nothing) and the chapters lose their images.
 # The chapters are executed JOBS at a time first, each on a core of its own (.ci/execute_book.py), then
 # rendered from Jupyter Book's execution cache.
+# BOOK_SIGNALS (set by `make test`): the files .ci/execute_book.py creates as soon as a core has no chapter
+# left to execute, and keeps while chapters but the performance chapter may be executing.
 book: venv
-	@$(call TIMED,env -u MPLBACKEND $(BIN)/python .ci/execute_book.py --jobs $(JOBS) && \
-	  env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html)
+	@$(call TIMED,env -u MPLBACKEND $(BIN)/python .ci/execute_book.py --jobs $(JOBS) $(BOOK_SIGNALS) && \
+	  env -u MPLBACKEND $(BIN)/jupyter-book build . -W -n --keep-going --builder html) \
+	  $(if $(BOOK_SIGNALS),|| { touch $(CORE_FREE); rm -f $(BOOK_RUNNING); exit 1; })
 
-# The book first, then the unit tests, nbval and the browser test side by side (each target's output printed
-# whole when it ends): nbval and the browser test read the built book and nothing else, and fill the cores
-# the unit tests leave idle at their end; the unit tests read the chapter runs they check from the book's
-# result cache instead of computing them again (BOOTENS_BOOK_CACHE, see tests/conftest.py).
-test: venv book
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-unit test-nbval test-browser
+# The chapters first; as soon as a core has no chapter left, the unit tests start at the lowest priority
+# (nice 19): beside the last chapter and the performance chapter, which times code and runs after the
+# others, they take only the processor time these leave idle. Once the book is built, nbval and the browser
+# test, which read the built book and nothing else, run beside them. Each target's output is printed whole
+# when it ends. The unit tests read the chapter runs they check from the book's result cache instead of
+# computing them again (BOOTENS_BOOK_CACHE, see tests/conftest.py), waiting for them while the book's
+# chapters execute (BOOTENS_BOOK_RUNNING).
+CORE_FREE := _build/.core-free
+BOOK_RUNNING := _build/.chapters-running
+test: venv
+	@rm -f $(CORE_FREE) $(BOOK_RUNNING)
+	@$(MAKE) --no-print-directory -j4 --output-sync=target \
+	  BOOK_SIGNALS="--core-free $(CORE_FREE) --running $(BOOK_RUNNING)" book test-unit-when-a-core-is-free \
+	  test-after-book
+
+test-unit-when-a-core-is-free: venv
+	@while [ ! -e $(CORE_FREE) ]; do sleep 2; done
+	@$(MAKE) --no-print-directory test-unit NICE="nice -n 19" BOOTENS_BOOK_RUNNING=$(CURDIR)/$(BOOK_RUNNING)
+
+test-after-book: book
+	@$(MAKE) --no-print-directory test-nbval test-browser
 
 # The log lists the 40 slowest tests (--durations): where the unit stage's time goes. Tests that check a
 # chapter's own run share it with the book build: read when the book computed it, else computed and handed
 # over (BOOTENS_BOOK_CACHE, see tests/conftest.py).
 test-unit: venv
-	@$(call TIMED,BOOTENS_BOOK_CACHE=$(BOOTENS_CACHE_DIR) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not browser" --durations=40 tests)
+	@$(call TIMED,BOOTENS_BOOK_CACHE=$(BOOTENS_CACHE_DIR) $(NICE) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+	  -m "not browser" --durations=40 tests)
 
 test-nbval: venv
 	@$(call TIMED,$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax -p no:cacheprovider book)

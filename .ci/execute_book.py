@@ -16,6 +16,13 @@ build, in ``execute_notebooks: cache`` mode, finds every chapter there and rende
 The performance chapter, which times code, runs alone on every core once the others are done: a chapter
 beside it would take cores from its measurements.
 
+``make test`` runs the unit tests in what the build leaves idle: ``--core-free FILE`` creates FILE as soon
+as a core has no chapter left to execute (at the latest when every chapter but those run alone is done, or
+one failed), and the unit tests start then, at the lowest priority (``nice``): beside the last chapters on
+the other cores and beside the performance chapter (which keeps about 1.4 of 2 cores busy) they take only
+the processor time these leave. ``--running FILE`` exists while those chapters may still be executing; a
+test that reads a chapter's run from the book's result cache waits for it while it does.
+
 The cache is emptied first: every chapter is executed every time, as with ``execute_notebooks: force`` (the
 cache is keyed by the notebook's code alone, so a kept entry would hide a change of the library). A chapter
 that raises stops nothing else; the script prints its traceback and exits with status 1 once all are done.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import multiprocessing
 import os
@@ -72,6 +80,13 @@ def _hold_to_a_core(counter: Any) -> None:
     os.sched_setaffinity(0, {cores[i % len(cores)]})
 
 
+def _signal(path: Path | None) -> None:
+    """Create the file ``path`` (and its folder), if one is given."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
 def _execute(path: str, timeout: int | None, allow_errors: bool) -> tuple[Any, float, str | None]:
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
@@ -86,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2, help="chapters executed at once (default 2)")
     ap.add_argument("--root", type=Path, default=ROOT, help="the book's folder (default: this repository)")
+    ap.add_argument("--core-free", type=Path, metavar="FILE",
+                    help="create FILE as soon as a core has no chapter left to execute")
+    ap.add_argument("--running", type=Path, metavar="FILE",
+                    help="a file that exists while chapters but those run alone may still be executing")
     args = ap.parse_args(argv)
     root = args.root.resolve()
     if args.jobs < 1:
@@ -132,10 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"execute_book: {len(books)} chapters, {args.jobs} at a time{', a core each' if pin else ''} "
           f"(then alone: {', '.join(p.stem for p in books if p not in shared) or 'none'})", flush=True)
     init = {"initializer": _hold_to_a_core, "initargs": (spawn.Value("i", 0),)} if pin else {}
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn, **init) as pool:
-        futures = {pool.submit(_execute, str(p), timeout, allow_errors): p for p in shared}
-        for fut in as_completed(futures):
-            store(futures[fut], fut)
+    _signal(args.running)
+    try:
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn, **init) as pool:
+            futures = {pool.submit(_execute, str(p), timeout, allow_errors): p for p in shared}
+            left = len(futures)
+            for fut in itertools.chain([None], as_completed(futures)):  # lazily: as each finishes
+                if fut is not None:
+                    store(futures[fut], fut)
+                    left -= 1
+                if left < args.jobs:  # fewer chapters left than workers: one has nothing to do
+                    _signal(args.core_free)
+    finally:
+        _signal(args.core_free)
+        if args.running is not None:
+            args.running.unlink(missing_ok=True)
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         for path in (p for p in books if p not in shared):
             store(path, pool.submit(_execute, str(path), timeout, allow_errors))

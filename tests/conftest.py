@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -134,13 +135,22 @@ def chapter_run(publish, book_env, tmp_path_factory: pytest.TempPathFactory) -> 
     """``chapter_run(name, cfg)``: experiment ``name``'s run at ``cfg`` (key ``cfg.seed``), as the book's chapter
     computes it: read from ``$BOOTENS_BOOK_CACHE`` when the book build (or another test) stored it there under
     its cache key, otherwise computed in a fresh process with the caller's ``XLA_FLAGS`` (float64, cache off),
-    read back and published for a book build that follows (``publish``)."""
+    read back and published for a book build that follows (``publish``). While the file
+    ``$BOOTENS_BOOK_RUNNING`` exists (the book's chapters are executing) it waits for the run to appear."""
     from bootens_core.repro import store
 
     def _run(name: str, cfg: object) -> store.Result:
         shared = os.environ.get("BOOTENS_BOOK_CACHE")
         if shared:
             where = Path(shared) / name / store.cache_key(name, cfg, jax.random.key(cfg.seed))
+            # make test starts the unit tests while the book's last chapters execute: wait for them
+            running = os.environ.get("BOOTENS_BOOK_RUNNING")
+            start = time.monotonic()
+            while running and Path(running).exists() and not where.is_dir():
+                if time.monotonic() - start > 3000:
+                    raise RuntimeError(f"the {name} run did not appear in {shared} within 3000 s while the "
+                                       f"book's chapters were executing ({running} exists)")
+                time.sleep(2)
             if where.is_dir():
                 return store.load(where)
         out = tmp_path_factory.mktemp(f"chapter-run-{name}")

@@ -85,7 +85,10 @@ def test_chapters_run_in_the_cache_and_a_raising_one_fails(tmp_path, capsys):
     stale.cache_notebook_bundle(CacheBundleIn(nbformat.read(bad_path, as_version=4), bad_path),
                                 check_validity=False, overwrite=True)
     assert stale.match_cache_notebook(nbformat.read(bad_path, as_version=4)) is not None
-    assert eb.main(["--jobs", "2", "--root", str(tmp_path)]) == 1
+    free, running = tmp_path / "_build" / ".core-free", tmp_path / "_build" / ".running"
+    argv = ["--jobs", "2", "--root", str(tmp_path), "--core-free", str(free), "--running", str(running)]
+    assert eb.main(argv) == 1
+    assert free.exists() and not running.exists()  # also when a chapter failed (make test's unit tests wait)
     err = capsys.readouterr().err
     assert "book/bad.ipynb FAILED" in err and "boom" in err and "1 chapter(s) failed: book/bad.ipynb" in err
 
@@ -106,3 +109,45 @@ def test_a_build_that_would_execute_again_is_refused(tmp_path):
         eb.main(["--root", str(tmp_path)])
     with pytest.raises(SystemExit):
         eb.main(["--jobs", "0", "--root", str(tmp_path)])
+
+
+def test_a_core_is_reported_free_when_no_chapter_is_left_to_start(tmp_path):
+    """Two workers, three chapters: ``--core-free`` appears once the third has started and one of the others
+    has ended (not before), while ``--running`` still exists; the chapter run alone (the performance chapter)
+    sees ``--core-free`` and no ``--running``."""
+    pytest.importorskip("jupyter_cache")
+    import nbformat
+    from jupyter_cache import get_cache
+
+    free, running = tmp_path / "core-free", tmp_path / "running"
+    names = ("long", "short", "last", "performance")
+    (tmp_path / "book").mkdir()
+    (tmp_path / "_toc.yml").write_text(yaml.safe_dump(
+        {"format": "jb-book", "root": "book/intro", "chapters": [{"file": f"book/{n}"} for n in names]}))
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump(
+        {"execute": {"execute_notebooks": "cache", "cache": "_build/.jupyter_cache", "timeout": 60}}))
+    (tmp_path / "book" / "intro.md").write_text("# intro\n")
+    # Longest first by recorded seconds: "long" and "short" start, "last" when "short" ends; "long" waits
+    # until "last" has ended (a file "last" writes), then for the core "last" left to be reported free.
+    ended = str(tmp_path / "last-ended")
+    probe = f"print(os.path.exists({str(free)!r}), os.path.exists({str(running)!r}))"
+    wait = (f"t = time.time()\nwhile not os.path.exists({ended!r}) and time.time() < t + 60:\n"
+            "    time.sleep(0.1)\n"
+            f"while not os.path.exists({str(free)!r}) and time.time() < t + 120:\n    time.sleep(0.1)\n")
+    code = {"long": wait + probe, "short": probe, "performance": probe,
+            "last": f"{probe}\nopen({ended!r}, 'w').close()"}
+    recorded = {"long": 9, "short": 5, "last": 1, "performance": 0}
+    for name in names:  # (the cache matches notebooks by their code: the comment tells them apart)
+        src = f"# {name}\nimport os, time\n{code[name]}"
+        (tmp_path / "book" / f"{name}.ipynb").write_text(json.dumps(_nb([src], times=[recorded[name]])))
+    argv = ["--jobs", "2", "--root", str(tmp_path), "--core-free", str(free), "--running", str(running)]
+    assert eb.main(argv) == 0
+    cache = get_cache(str(tmp_path / "_build" / ".jupyter_cache"))
+    seen = {}
+    for name in names:
+        nb = nbformat.read(str(tmp_path / "book" / f"{name}.ipynb"), as_version=4)
+        _, merged = cache.merge_match_into_notebook(nb)
+        seen[name] = merged.cells[0].outputs[0]["text"].split()
+    # "short" and "last" print while two chapters are left; "long" prints after "last" left its core
+    assert seen == {"short": ["False", "True"], "last": ["False", "True"], "long": ["True", "True"],
+                    "performance": ["True", "False"]}

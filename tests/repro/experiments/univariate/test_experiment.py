@@ -74,6 +74,34 @@ def test_chapter_run_reads_a_run_the_book_stored(result, publish, chapter_run, t
     assert read.provenance == result.provenance
 
 
+def test_chapter_run_waits_for_a_run_the_book_is_still_computing(result, publish, chapter_run, tmp_path,
+                                                                  monkeypatch):
+    """While ``$BOOTENS_BOOK_RUNNING`` exists (make test runs the unit tests beside the book's last chapters),
+    ``chapter_run`` waits for the run to appear in BOOTENS_BOOK_CACHE instead of computing it again."""
+    import threading
+    import time
+
+    running = tmp_path / "running"
+    running.touch()
+    monkeypatch.setenv("BOOTENS_BOOK_CACHE", str(tmp_path / "book"))
+    monkeypatch.setenv("BOOTENS_BOOK_RUNNING", str(running))
+
+    def the_book_finishes():
+        time.sleep(3)
+        publish(result)
+        time.sleep(1)
+        running.unlink()
+
+    book = threading.Thread(target=the_book_finishes)
+    start = time.monotonic()
+    book.start()
+    read = chapter_run("univariate", CFG)
+    waited = time.monotonic() - start
+    book.join()
+    assert read.provenance == result.provenance and waited >= 3  # the book's, after it appeared
+    _assert_identical(result, read)
+
+
 def test_arrays_and_stages(result):
     stages = result["stages"]
     np.testing.assert_array_equal(stages, CFG.stages)
