@@ -96,6 +96,10 @@ def nuts(
     state_dtype = jnp.result_type(float)
     flat0 = flat0.astype(state_dtype)
 
+    # Compiled: NumPyro evaluates the potential and its gradient outside its compiled loop when it initialises
+    # each chain, where op-by-op dispatch compiles every primitive of the gradient on its own (measured, the
+    # deep-ReLU chapter's 8-layer network, 4 chains one after another, 3 warm-up steps: 62 s, compiled 32 s).
+    @jax.jit
     def potential(theta: jax.Array) -> jax.Array:
         return -log_density(theta.astype(dtype)).astype(state_dtype)
 
