@@ -320,3 +320,9 @@ def test_particle_batch_record_and_table():
     assert row["× all at once"] == 1.0 and row["max |Δ particles|"] == "0.0e+00"
     best = max(r["speedup"] for r in doc["rows"])
     assert max(t["× all at once"]) == round(best, 2)
+
+
+def test_bandwidth_is_measured_over_the_arrays_asked_for():
+    bw = bench.measure_bandwidth(jax.random.key(0), 3, 2)
+    assert bw["mib"] == 3 and math.isfinite(bw["bytes_per_s"]) and bw["bytes_per_s"] > 0
+    assert bw["spread"]["max"] == bw["bytes_per_s"] and len(bw["spread"]) == 5
