@@ -46,7 +46,7 @@ from jax.flatten_util import ravel_pytree
 
 from .linear import LinearGaussian
 from ..driver import ProgramCache
-from ..models import Model, Params, program_key, template, zeros
+from ..models import ACTIVATIONS, Model, Params, program_key, template, zeros
 from ..perturb import Perturbation, log_joint, perturbed_log_joint
 from ..perturb import sample as sample_perturbation
 
@@ -193,11 +193,64 @@ def _unravel_fn(model: Model, dtype: Any) -> tuple[int, Callable[[jax.Array], Pa
 _COMPILED = ProgramCache()  # repeated calls (one per snapshot) compile once
 
 
+def _point_traces_fn(model: Model, unravel: Callable[[jax.Array], Params], m: int) -> Callable:
+    """``traces(theta, x) -> (n,)``: ``tr Hess_theta f(x)`` at every input, exactly.
+
+    Any model: the second derivative of ``f`` along each of the ``m`` basis vectors (forward over forward,
+    one pass of ``f`` per basis vector for all points at once). The fully connected networks of
+    :func:`~bootens_core.models.mlp` with one output: through their pre-activations ``z = a W + b``, which
+    are linear in the layer's parameters, so ``d^2 f / dW_ji^2 = a_j^2 d^2 f / dz_i^2`` and
+    ``d^2 f / db_i^2 = d^2 f / dz_i^2``; a layer adds ``(||a||^2 + 1) sum_i d^2 f / dz_i^2`` (the output layer
+    nothing), one pass per unit instead of one per parameter: the same numbers to rounding (1-16-16-1 tanh
+    network: 1e-14 of 68), 200 particles in 0.01 s instead of 0.9 s.
+    """
+    sig = model.signature
+    if isinstance(sig, tuple) and len(sig) == 5 and sig[0] == "mlp" and sig[2] and sig[4] == 1:
+        act = ACTIVATIONS[sig[3]]
+
+        def mlp_traces(theta, x):
+            params = unravel(theta)
+            h = x.reshape(x.shape[0], -1) if x.ndim != 2 else x
+            total = jnp.zeros(h.shape[0], theta.dtype)
+            for layer_index, layer in enumerate(params[:-1]):
+                z = h @ layer["w"] + layer["b"]
+
+                def rest(zl, after=params[layer_index + 1:]):  # f as a function of this layer's z
+                    a = act(zl)
+                    for lay in after[:-1]:
+                        a = act(a @ lay["w"] + lay["b"])
+                    return (a @ after[-1]["w"] + after[-1]["b"])[:, 0]
+
+                def second(i, z=z, rest=rest):
+                    e = jnp.zeros_like(z).at[:, i].set(1.0)
+                    return jax.jvp(lambda s: jax.jvp(rest, (s,), (e,))[1], (z,), (e,))[1]
+
+                d2 = jnp.sum(jax.vmap(second)(jnp.arange(z.shape[1])), axis=0)
+                total = total + (jnp.sum(h * h, axis=1) + 1.0) * d2
+                h = act(z)
+            return total
+
+        return mlp_traces
+
+    def traces(theta, x):
+        def f(t):
+            return model.apply(unravel(t), x)
+
+        def second(j):
+            e = jax.nn.one_hot(j, m, dtype=theta.dtype)
+            return jax.jvp(lambda t: jax.jvp(f, (t,), (e,))[1], (theta,), (e,))[1]
+
+        return jnp.sum(_batched_map(second, jnp.arange(m), _EXACT_BATCH), axis=0)
+
+    return traces
+
+
 def _terms_fn(
     model: Model, dtype: Any, method: str, n_probes: int, exact_max_dim: int, batch: int
 ) -> Callable:
     m, unravel = _unravel_fn(model, dtype)
     prior_trace = _prior_trace(model)
+    point_traces = _point_traces_fn(model, unravel, m)
 
     def one(key, theta, y_tilde, anchor, x, y, var):
         k_tr, k_curv = jax.random.split(key)
@@ -219,16 +272,11 @@ def _terms_fn(
         f0 = f(theta)
         c = jax.lax.stop_gradient((f0 - y) / var)
         if method == "exact":
-            # Both traces from the per-point traces t_x = tr Hess f(x): the second derivative of f along each
-            # basis vector (forward over forward, one pass of f per basis vector for all points at once), and
-            # log p~'s Gaussian likelihood and prior: tr Hess log p~ = -(sum_x ||grad f(x)||^2 / sigma_x^2
+            # Both traces from the per-point traces t_x = tr Hess f(x) (_point_traces_fn) and log p~'s
+            # Gaussian likelihood and prior: tr Hess log p~ = -(sum_x ||grad f(x)||^2 / sigma_x^2
             # + prior trace + sum_x (f(x) - y~_x) / sigma_x^2 t_x). Half the passes of two traces by
             # Hessian-vector products, each of them cheaper.
-            def second(j):
-                e = jax.nn.one_hot(j, m, dtype=theta.dtype)
-                return jax.jvp(lambda t: jax.jvp(f, (t,), (e,))[1], (theta,), (e,))[1]
-
-            t = jnp.sum(_batched_map(second, jnp.arange(m), _EXACT_BATCH), axis=0)
+            t = point_traces(theta, x)
             zero = jnp.zeros((), theta.dtype)
             tr, tr_se = -(grad_f_sq + prior_trace + jnp.dot((f0 - y_tilde) / var, t)), zero
             curv, curv_se = jnp.dot(c, t), zero

@@ -657,3 +657,29 @@ def test_particle_simulation_confirms_exact_rate_and_the_gap(lin):
         # An entry of the sample cross-covariance has sd sqrt(Var w_a Var e_b + C_ab^2) / sqrt(k - 1).
         sd = np.sqrt(np.outer(w.var(0), e.var(0)) + C**2) / np.sqrt(w.shape[0] - 1)
         assert np.all(np.abs(C - np.eye(D)) < Z_MANY * sd + 1e-12), (t, C)
+
+
+@pytest.mark.parametrize("activation, in_dim, hidden", [("tanh", 1, (4, 3)), ("relu", 3, (5,)),
+                                                         ("tanh", 2, (3, 2, 3))])
+def test_mlp_traces_through_pre_activations_equal_the_traces_along_every_parameter(
+        activation, in_dim, hidden):
+    """The fully connected networks' per-point traces come through their pre-activations; the same network as
+    a model of one's own (no signature) takes the pass along every parameter: the same terms to rounding."""
+    model = models.mlp(in_dim, hidden, activation, weight_var=1.7, bias_var=0.6)
+    own = model._replace(signature=None)
+    rng = np.random.default_rng(5)
+    n, k = 6, 3
+    x = jnp.asarray(rng.uniform(-2, 2, size=(n, in_dim) if in_dim > 1 else n))
+    y = jnp.asarray(rng.normal(size=n))
+    nv = jnp.asarray(rng.uniform(0.1, 0.5, size=n))
+    params = models.prior_sample(jax.random.key(1), model, k)
+    pert = perturb.sample(jax.random.key(2), model, y, nv, k)
+    fast, slow = (theory.particle_terms(jax.random.key(3), mdl, params, x, y, pert, nv, method="exact")
+                  for mdl in (model, own))
+    scale = np.max(np.abs(slow.curvature)) + 1.0
+    np.testing.assert_allclose(fast.curvature, slow.curvature, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(fast.trace, slow.trace, rtol=1e-12)
+    if activation == "relu":  # piecewise linear: no second derivative along any parameter
+        np.testing.assert_array_equal(fast.curvature, 0.0)
+    else:
+        assert np.all(np.abs(slow.curvature) > 1e-6)
