@@ -1,14 +1,13 @@
-"""experiments.classification: the agreement statistics by hand, and a tiny run's contract keys."""
+"""experiments.classification: the agreement statistics by hand, and the contract of the chapter's own run
+(``chapter_run`` in conftest.py: the book build's run, or computed once and handed to it)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro.config import DropoutGridConfig, NUTSConfig
 from bootens_core.repro.experiments.classification.config import ClassificationConfig
 from bootens_core.repro.experiments import classification
 
@@ -40,60 +39,63 @@ def test_agreement_shape_errors():
         classification.agreement(np.zeros((3, 4)), np.zeros((3, 5)))
 
 
+CFG = ClassificationConfig.quick()
+
+
 @pytest.fixture(scope="module")
-def tiny():
-    cfg = dataclasses.replace(
-        ClassificationConfig.quick(), width=8, n_data=20, n_particles=16, steps=30,
-        nuts=NUTSConfig(chains=2, warmup=60, draws=30, max_tree_depth=5), x_grid_points=21,
-        alpha_eps_study=(0.01, 0.1), datasets=("wine",), n_splits=2, real_particles=4, real_steps=10,
-        mcd=DropoutGridConfig(dropout_grid=(0.05, 0.1), epochs=5, samples=20),
-    )
-    return classification.run(jax.random.key(0), cfg, use_cache=False)
+def chapter(chapter_run):
+    return chapter_run("classification", CFG)  # the chapter's own run: read from the book build's cache
 
 
 @pytest.mark.slow
-def test_tiny_run_has_the_contract_keys(tiny):
-    s = tiny.summary
+def test_chapter_run_has_the_contract_keys(chapter):
+    s = chapter.summary
     for k in ("prob_mad_vs_mcmc", "band_mad_vs_mcmc", "rhat_max"):
         assert np.isfinite(s[k])
-    entry = s["real"]["wine"]
-    assert entry["n_splits"] == 2 and entry["n_classes"] == 3
-    for m in ("bootstrap", "plain", "mcd"):
-        for k in ("accuracy", "mnll", "ece"):
-            assert np.isfinite(entry[m][k]) and entry[m][f"{k}_std"] >= 0
-        assert tiny[f"wine_{m}_probs"].shape == (tiny["wine_labels"].size, 3)
-        np.testing.assert_allclose(tiny[f"wine_{m}_probs"].sum(1), 1.0, rtol=1e-9)
-    assert set(entry["mcd_dropout_chosen"]) <= {0.05, 0.1}
-    assert tiny["p_bootstrap"].shape == (16, 21) and tiny["p_nuts"].shape == (60, 21)
-    assert s["alpha_eps_best_band_mad"] in (0.01, 0.1)
+    assert set(s["real"]) == set(CFG.datasets)
+    for name, entry in s["real"].items():
+        n_classes = chapter[f"{name}_bootstrap_probs"].shape[1]
+        assert entry["n_splits"] == CFG.n_splits and entry["n_classes"] == n_classes
+        for m in ("bootstrap", "plain", "mcd"):
+            for k in ("accuracy", "mnll", "ece"):
+                assert np.isfinite(entry[m][k]) and entry[m][f"{k}_std"] >= 0
+            assert chapter[f"{name}_{m}_probs"].shape == (chapter[f"{name}_labels"].size, n_classes)
+            np.testing.assert_allclose(chapter[f"{name}_{m}_probs"].sum(1), 1.0, rtol=1e-9)
+        assert set(entry["mcd_dropout_chosen"]) <= set(CFG.mcd.dropout_grid)
+    assert chapter["p_bootstrap"].shape == (CFG.n_particles, CFG.x_grid_points)
+    assert chapter["p_nuts"].shape == (CFG.nuts.chains * CFG.nuts.draws, CFG.x_grid_points)
+    assert s["alpha_eps_best_band_mad"] in CFG.alpha_eps_study
 
 
 @pytest.mark.slow
-def test_typed_summary_is_the_summary_json(tiny, tmp_path):
+def test_typed_summary_is_the_summary_json(chapter, tmp_path):
     """The typed summary holds exactly the keys the run writes, also read back from disk; the rules and tables
     read it as they read the dict; without an alpha_eps study the best value is None and not written."""
     from bootens_core.repro import store
 
-    typed = classification.Summary.of(tiny)
-    assert typed.as_summary() == tiny.summary and typed.alpha_eps_best_band_mad in (0.01, 0.1)
-    assert classification.Summary.of(store.load(store.save(tiny, tmp_path / "r"))) == typed
+    typed = classification.Summary.of(chapter)
+    assert typed.as_summary() == chapter.summary and typed.alpha_eps_best_band_mad in CFG.alpha_eps_study
+    assert classification.Summary.of(store.load(store.save(chapter, tmp_path / "r"))) == typed
     assert ({k: str(v) for k, v in classification.verdicts.evaluate(typed).items()}
-            == {k: str(v) for k, v in classification.verdicts.evaluate(tiny.summary).items()})
-    assert classification.verdicts.agreement(typed).equals(classification.verdicts.agreement(tiny.summary))
-    assert classification.verdicts.table(typed).equals(classification.verdicts.table(tiny.summary))
+            == {k: str(v) for k, v in classification.verdicts.evaluate(chapter.summary).items()})
+    assert classification.verdicts.agreement(typed).equals(classification.verdicts.agreement(chapter.summary))
+    assert classification.verdicts.table(typed).equals(classification.verdicts.table(chapter.summary))
     no_study = dataclasses.replace(typed, alpha_eps_study={}, alpha_eps_best_band_mad=None)
     assert "alpha_eps_best_band_mad" not in no_study.as_summary()
     assert classification.Summary.of(no_study.as_summary()) == no_study
 
 
 @pytest.mark.slow
-def test_tiny_run_tables_and_figures(tiny):
-    verdicts = classification.verdicts.evaluate(tiny.summary)
+def test_chapter_run_tables_and_figures(chapter):
+    verdicts = classification.verdicts.evaluate(chapter.summary)
     assert set(verdicts) == {"reference", "agreement"}
-    assert len(classification.verdicts.agreement(tiny.summary)) == 4  # boot, plain, 1 other alpha, NUTS floor
-    assert classification.verdicts.table(tiny.summary).shape == (3, 3)
-    paired = classification.verdicts.paired(tiny, "plain")
+    # bootstrap, plain, the study's other alpha_eps values, and the NUTS floor
+    others = sum(a != CFG.alpha_eps for a in CFG.alpha_eps_study)
+    assert len(classification.verdicts.agreement(chapter.summary)) == 2 + others + 1
+    assert classification.verdicts.table(chapter.summary).shape == (3 * len(CFG.datasets), 3)
+    paired = classification.verdicts.paired(chapter, "plain")
     assert set(paired["bootstrap is"]) <= {"better", "worse", "no clear difference"}
-    for fig in (classification.figures.bands(tiny), classification.figures.latent(tiny), classification.figures.alpha(tiny),
-                classification.figures.reliability(tiny, "wine")):
+    for fig in (classification.figures.bands(chapter), classification.figures.latent(chapter),
+                classification.figures.alpha(chapter),
+                *(classification.figures.reliability(chapter, name) for name in CFG.datasets)):
         assert fig.axes

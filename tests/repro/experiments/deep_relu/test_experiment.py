@@ -1,14 +1,13 @@
-"""experiments.deep_relu (Figure 3): the agreement statistics against hand computations, and a tiny run."""
+"""experiments.deep_relu (Figure 3): the agreement statistics against hand computations, and the contract of the
+chapter's own run (``chapter_run`` in conftest.py: the book build's run, or computed once and handed to it)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro.config import MHConfig, NUTSConfig
 from bootens_core.repro.experiments.deep_relu.config import DeepReluConfig
 from bootens_core.repro.experiments import deep_relu
 
@@ -64,22 +63,20 @@ def test_reference_noise_shape_errors():
         deep_relu.reference_noise(np.zeros((1, 5, 3)))
 
 
+CFG = DeepReluConfig.quick()
+
+
 @pytest.mark.slow
-def test_tiny_run_has_the_contract_keys(tmp_path):
-    cfg = dataclasses.replace(
-        DeepReluConfig.quick(), depth=2, width=8,
-        mh=MHConfig(proposal_var=0.01, burn_in=50, thin=5, draws=10, chains=2),
-        nuts=NUTSConfig(chains=2, warmup=50, draws=20, max_tree_depth=5), n_particles=20, steps=30,
-        stages=(0, 30), x_grid_points=15,
-    )
-    res = deep_relu.run(jax.random.key(0), cfg, use_cache=False)
+def test_chapter_run_has_the_contract_keys(chapter_run, tmp_path):
+    res = chapter_run("deep-relu", CFG)  # the chapter's own run: read from the book build's cache
     s = res.summary
     for k in ("rhat_max", "mean_abs_diff_mean", "sd_ratio_median", "band_coverage", "reference_noise_mad",
               "reference_noise_log_sd"):
         assert np.isfinite(s[k]), k
-    assert res["f_stages"].shape == (2, 20, 15)
-    assert s["agreement_steps"] == [0, 30] and len(s["mean_abs_diff_mean_along"]) == 2
-    assert res["f_nuts"].shape == (40, 15)
+    assert res["f_stages"].shape == (len(CFG.stages), CFG.n_particles, CFG.x_grid_points)
+    along = sorted(set(CFG.stages) | set(range(0, CFG.steps + 1, CFG.agreement_every)))
+    assert s["agreement_steps"] == along and len(s["mean_abs_diff_mean_along"]) == len(along)
+    assert res["f_nuts"].shape == (CFG.nuts.chains * CFG.nuts.draws, CFG.x_grid_points)
     assert 0 <= s["mh_faithful_accept_rate"] <= 1
     # The typed summary is the summary.json, also read back from disk; the rules read it as they read the dict.
     from bootens_core.repro import store
