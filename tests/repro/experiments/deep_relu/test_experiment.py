@@ -1,5 +1,6 @@
-"""experiments.deep_relu (Figure 3): the agreement statistics against hand computations, and the contract of the
-chapter's own run (``chapter_run`` in conftest.py: the book build's run, or computed once and handed to it)."""
+"""experiments.deep_relu (Figure 3): the agreement statistics against hand computations, and the contract of
+the chapter's own run (``chapter_run`` in conftest.py: the book build's run, or computed once and handed to
+it)."""
 
 from __future__ import annotations
 
