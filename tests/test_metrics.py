@@ -187,3 +187,101 @@ def test_accuracy_and_class_mnll_by_hand():
 def test_classifier_metrics_reject_bad_input(p, y, match):
     with pytest.raises(ValueError, match=match):
         metrics.ece(p, y)
+
+
+# ------------------------------------------------------------------------------- regression calibration
+
+
+def _crps_by_quadrature(y: float, f: np.ndarray, var: float) -> float:
+    """CRPS(F, y) = int (F(t) - 1{t >= y})^2 dt for the equal-weight mixture of N(f_j, var)."""
+    sd = np.sqrt(var)
+
+    def cdf(t):
+        return np.mean(stats.norm.cdf((t - f) / sd))
+
+    lo, hi = min(y, f.min()) - 12 * sd, max(y, f.max()) + 12 * sd
+    left = integrate.quad(lambda t: cdf(t) ** 2, lo, y, limit=200, epsabs=1e-12)[0]
+    right = integrate.quad(lambda t: (1 - cdf(t)) ** 2, y, hi, limit=200, epsabs=1e-12)[0]
+    return left + right
+
+
+def test_crps_of_one_gaussian_is_the_closed_form():
+    # Gneiting & Raftery (2007), Eq. 21: CRPS(N(mu, s^2), y) = s [z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi)].
+    rng = np.random.default_rng(0)
+    y, mu, s = rng.normal(size=50), rng.normal(size=50), rng.uniform(0.2, 2.0, size=50)
+    z = (y - mu) / s
+    closed = s * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / np.sqrt(np.pi))
+    assert metrics.mixture_crps(y, mu[None], s**2) == pytest.approx(np.mean(closed), rel=1e-12)
+
+
+def test_crps_of_a_mixture_is_the_integral_of_the_squared_cdf_difference():
+    rng = np.random.default_rng(1)
+    k, n = 7, 6
+    f = rng.normal(scale=1.5, size=(k, n))
+    y = rng.normal(size=n)
+    var = rng.uniform(0.05, 1.0, size=n)
+    by_quadrature = np.mean([_crps_by_quadrature(y[i], f[:, i], var[i]) for i in range(n)])
+    assert metrics.mixture_crps(y, f, var) == pytest.approx(by_quadrature, rel=1e-8)
+
+
+def test_crps_blocks_of_points_give_the_same_score():
+    # 70 particles: 2**22 // 70**2 = 855 points per block, so 2000 points take three blocks.
+    rng = np.random.default_rng(2)
+    f = rng.normal(size=(70, 2000))
+    y = rng.normal(size=2000)
+    whole = np.mean([metrics.mixture_crps(y[a:a + 500], f[:, a:a + 500], 0.3) for a in range(0, 2000, 500)])
+    assert metrics.mixture_crps(y, f, 0.3) == pytest.approx(whole, rel=1e-12)
+
+
+def test_crps_of_nearly_point_masses_is_the_energy_form():
+    # var -> 0: CRPS -> mean_j |f_j - y| - mean_jl |f_j - f_l| / 2 (the empirical energy score).
+    rng = np.random.default_rng(3)
+    f = rng.normal(size=(5, 8))
+    y = rng.normal(size=8)
+    energy = np.mean(np.abs(f - y).mean(0) - 0.5 * np.abs(f[:, None] - f[None]).mean((0, 1)))
+    assert metrics.mixture_crps(y, f, 1e-14) == pytest.approx(energy, abs=1e-6)
+
+
+def test_coverage_levels_are_mixture_coverage_level_by_level():
+    rng = np.random.default_rng(4)
+    f = rng.normal(size=(20, 300))
+    y = rng.normal(size=300)
+    got = metrics.coverage_levels(y, f, 0.5)
+    assert list(got) == [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+    for level, share in got.items():
+        assert share == metrics.mixture_coverage(y, f, 0.5, level)
+    with pytest.raises(ValueError, match=r"level must lie in \(0, 1\), got 1.0"):
+        metrics.coverage_levels(y, f, 0.5, (0.5, 1.0))
+    with pytest.raises(ValueError, match="at least one"):
+        metrics.coverage_levels(y, f, 0.5, ())
+
+
+def test_calibrated_predictive_covers_each_level_and_has_a_flat_pit():
+    """Labels drawn from their own predictive mixture: every coverage within 4 binomial sd of its level and a
+    flat PIT histogram; the same labels under the mixtures shrunk to half their width are U-shaped and
+    undercover."""
+    rng = np.random.default_rng(5)
+    k, n, var = 10, 4000, 0.25
+    f = rng.normal(size=(k, n))
+    y = f[rng.integers(k, size=n), np.arange(n)] + rng.normal(scale=np.sqrt(var), size=n)
+    for level, share in metrics.coverage_levels(y, f, var).items():
+        assert abs(share - level) < 4 * np.sqrt(level * (1 - level) / n), (level, share)
+    good = metrics.pit_histogram(y, f, var)
+    assert good.counts.sum() == n and good.edges[0] == 0 and good.edges[-1] == 1 and good.p_value > 1e-4
+    np.testing.assert_array_equal(good.pit, metrics.mixture_cdf(y, f, var))
+    centre = f.mean(axis=0)
+    f_narrow = centre + (f - centre) / 2  # each point's mixture shrunk to half its width about its mean
+    narrow = metrics.pit_histogram(y, f_narrow, var / 4)
+    assert narrow.p_value < 1e-10 and narrow.counts[0] + narrow.counts[-1] > 2 * n / 10
+    assert metrics.coverage_levels(y, f_narrow, var / 4)[0.9] < 0.9 - 4 * np.sqrt(0.09 / n)
+
+
+def test_calibration_metrics_refuse_bad_input():
+    f, y = np.zeros((3, 4)), np.zeros(4)
+    with pytest.raises(ValueError, match="shape"):
+        metrics.mixture_crps(y, np.zeros((3, 5)), 1.0)
+    with pytest.raises(ValueError, match="positive"):
+        metrics.mixture_crps(y, f, 0.0)
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(ValueError, match="n_bins"):
+            metrics.pit_histogram(y, f, 1.0, n_bins=bad)
