@@ -216,10 +216,7 @@ def _point_traces_fn(model: Model, unravel: Callable[[jax.Array], Params], m: in
                 z = h @ layer["w"] + layer["b"]
 
                 def rest(zl, after=params[layer_index + 1:]):  # f as a function of this layer's z
-                    a = act(zl)
-                    for lay in after[:-1]:
-                        a = act(a @ lay["w"] + lay["b"])
-                    return (a @ after[-1]["w"] + after[-1]["b"])[:, 0]
+                    return model.apply(after, act(zl))  # the network's own layers after this one
 
                 def second(i, z=z, rest=rest):
                     e = jnp.zeros_like(z).at[:, i].set(1.0)
