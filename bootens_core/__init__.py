@@ -14,6 +14,7 @@ Bootstrap Ensembles as Bayesian Inference". Two layers. The library, one module 
 - :mod:`~bootens_core.driver`    the chunked host loop (progress bars) of the ensemble and the samplers
 - :mod:`~bootens_core.classification` classification as heteroscedastic latent regression
 - :mod:`~bootens_core.data`      the UCI benchmark, tabular and synthetic data
+- :mod:`~bootens_core.adapters`   networks of one's own: any ``apply``, Flax (Linen, NNX), Equinox
 - :mod:`~bootens_core.estimators` scikit-learn estimators: fit, predict with intervals, save and load
 - :mod:`~bootens_core.persist`    the versioned file format of a fitted ensemble
 
