@@ -39,11 +39,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp, ndtr
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+try:
+    from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.utils import check_random_state
+    from sklearn.utils.multiclass import check_classification_targets
+    from sklearn.utils.validation import check_is_fitted, validate_data
+except ModuleNotFoundError as err:
+    raise ModuleNotFoundError(f"bootens_core.estimators needs scikit-learn ({err}): pip install "
+                              '"bootens[sklearn]"', name=err.name) from err
 
 from . import classification, ensemble, metrics, persist
 from .checks import DivergedParticlesError
@@ -242,23 +246,25 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
         activation: one of ``relu``, ``tanh``, ``sigmoid``, ``gelu``, ``identity``.
         n_particles: ensemble size ``k``.
         weight_var, bias_var: prior variances of the weights and biases (``N(0, var)`` per parameter).
-        scale_by_fan_in: if true, a layer's weight variance is ``weight_var / fan_in``.
+        scale_by_fan_in: if true (the default), a layer's weight variance is ``weight_var / fan_in``;
+            ``False`` gives every weight ``weight_var``, as the paper's UCI networks.
         noise_var: the likelihood variance ``sigma^2`` in units of the standardised labels (a fraction of
             the labels' variance), or ``"auto"``: selected from ``noise_grid`` on held-out MNLL (a
             ``validation_fraction`` of the rows held out, the ensemble trained on the rest for every value),
             then the ensemble refitted on all rows with the selected value.
         noise_grid: the candidate values for ``"auto"`` (standardised units).
         validation_fraction: the share of rows held out for ``"auto"``.
-        optimizer: ``"adam"`` (default), ``"adagrad"``, ``"sgd"`` or ``"lbfgs"`` (optax's L-BFGS with a zoom
-            line search, the UCI chapter's optimizer).
+        optimizer: ``"lbfgs"`` (the default: optax's L-BFGS with a zoom line search, which takes every
+            particle to its perturbed MAP as Algorithm 1 asks; the UCI chapter's optimizer), ``"adam"``,
+            ``"adagrad"`` or ``"sgd"``.
         learning_rate: the optimizer's step size (L-BFGS: its first trial step).
-        steps: optimizer steps per particle.
+        steps: optimizer steps per particle (``loss_curve_`` shows whether they were enough).
         perturb: ``False`` trains the plain ensemble (no perturbation: random starts, one log joint).
         random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
             ensemble on the same machine.
         progress: show a progress bar while training.
 
-    Attributes (after ``fit``):
+    Attributes:
         particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``.
         n_particles_: the particles kept (``n_particles`` less the diverged ones).
         diverged_: ``(n_particles,)`` booleans, the particles that diverged (left out of every prediction).
@@ -268,15 +274,18 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
             ``None``.
         loss_curve_: ``(steps, n_particles)`` values of every particle's objective ``-log p~`` before each
             step.
-        x_mean_, x_scale_, y_mean_, y_scale_: the standardisation (a constant column's scale is 1).
+        x_mean_: ``(n_features_in_,)`` the inputs' column means.
+        x_scale_: ``(n_features_in_,)`` their standard deviations (1 for a constant column).
+        y_mean_: the labels' mean.
+        y_scale_: the labels' standard deviation (1 for constant labels).
         n_features_in_: the number of input columns.
     """
 
     def __init__(self, hidden_layer_sizes: Sequence[int] = (50,), activation: str = "relu",
                  n_particles: int = 20, weight_var: float = 1.0, bias_var: float = 1.0,
-                 scale_by_fan_in: bool = False, noise_var: float | str = "auto",
+                 scale_by_fan_in: bool = True, noise_var: float | str = "auto",
                  noise_grid: Sequence[float] = NOISE_GRID, validation_fraction: float = 0.2,
-                 optimizer: str = "adam", learning_rate: float = 0.01, steps: int = 2000,
+                 optimizer: str = "lbfgs", learning_rate: float = 1.0, steps: int = 500,
                  perturb: bool = True, random_state: int | np.random.RandomState | None = None,
                  progress: bool = False):
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -457,21 +466,25 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
     :func:`bootens_core.classification.transform`) that Algorithm 1 fits with one network output per class;
     a particle predicts ``softmax(f(x) + m)`` and the ensemble the mean of its particles.
 
-    Parameters: as :class:`BootstrapEnsembleRegressor` (no ``noise_var``: the transform gives every label
-    its own), and
+    Its settings are those of :class:`BootstrapEnsembleRegressor` but ``noise_var``, ``noise_grid`` and
+    ``validation_fraction`` (the transform gives every label its own variance), and
 
+    Parameters:
         alpha_eps: the Dirichlet regularisation ``alpha = one_hot(y) + alpha_eps`` (the paper's 0.01; the
             classification chapter measures how it sets the spread of the probabilities).
 
-    Attributes (after ``fit``): ``classes_``, ``offset_`` (the class offsets ``m``), and as the regressor
-    ``particles_``, ``n_particles_``, ``diverged_``, ``loss_curve_``, ``x_mean_``, ``x_scale_``,
-    ``n_features_in_``.
+    Attributes:
+        classes_: the class labels, in the order of ``predict_proba``'s columns.
+        offset_: ``(n_classes,)`` the class offsets ``m`` added to the networks' outputs.
+
+    and ``particles_``, ``n_particles_``, ``diverged_``, ``loss_curve_``, ``x_mean_``, ``x_scale_`` and
+    ``n_features_in_`` as the regressor's.
     """
 
     def __init__(self, hidden_layer_sizes: Sequence[int] = (50,), activation: str = "relu",
                  n_particles: int = 20, weight_var: float = 1.0, bias_var: float = 1.0,
-                 scale_by_fan_in: bool = False, alpha_eps: float = classification.ALPHA_EPS,
-                 optimizer: str = "adam", learning_rate: float = 0.01, steps: int = 2000,
+                 scale_by_fan_in: bool = True, alpha_eps: float = classification.ALPHA_EPS,
+                 optimizer: str = "lbfgs", learning_rate: float = 1.0, steps: int = 500,
                  perturb: bool = True, random_state: int | np.random.RandomState | None = None,
                  progress: bool = False):
         self.hidden_layer_sizes = hidden_layer_sizes

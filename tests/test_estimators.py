@@ -21,7 +21,8 @@ from bootens_core.estimators import BootstrapEnsembleClassifier, BootstrapEnsemb
 from bootens_core.exact import linear
 
 # Small, fast settings: scikit-learn's checks fit dozens of times on data of many shapes.
-_SMALL = dict(hidden_layer_sizes=(8,), n_particles=4, steps=200, learning_rate=0.05)
+# Adam rather than the default L-BFGS, whose line search compiles for seconds per data shape.
+_SMALL = {"hidden_layer_sizes": (8,), "n_particles": 4, "steps": 200, "optimizer": "adam", "learning_rate": 0.05}
 
 
 @parametrize_with_checks([

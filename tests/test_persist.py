@@ -13,7 +13,7 @@ from sklearn.datasets import make_blobs
 from bootens_core import persist
 from bootens_core.estimators import BootstrapEnsembleClassifier, BootstrapEnsembleRegressor, load
 
-_SMALL = dict(hidden_layer_sizes=(6, 5), n_particles=3, steps=50, learning_rate=0.05)
+_SMALL = {"hidden_layer_sizes": (6, 5), "n_particles": 3, "steps": 50, "optimizer": "adam", "learning_rate": 0.05}
 
 
 def _regression():
