@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 # Extras installed into .venv (see pyproject.toml); exact versions come from constraints.txt.
-EXTRAS ?= book,test,mcmc,data,sklearn,flax,equinox,gp
+EXTRAS ?= repro,book,test,mcmc,data,sklearn,flax,equinox,gp
 PROFILE ?= quick
 export BOOTENS_PROFILE ?= $(PROFILE)
 # Results computed while building/testing stay inside the checkout (never a stale global cache).

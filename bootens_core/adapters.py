@@ -96,6 +96,16 @@ def _prior_tree(shapes: Params, prior_var: PriorSpec) -> Params:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def _require(module: str, extra: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(f"this adapter needs {module.split('.')[0]} ({err}): pip install "
+                                  f'"bootens[{extra}]"', name=err.name) from err
+
+
 def _flat_output(out: jax.Array) -> jax.Array:
     return out[:, 0] if out.ndim == 2 and out.shape[1] == 1 else out
 
@@ -143,8 +153,7 @@ def from_flax_nnx(module: Any, prior_var: PriorSpec = 1.0, *, name: str | None =
     """A Flax NNX module as a :class:`Model`: parameters are its ``nnx.Param`` variables
     (``nnx.split(module, nnx.Param, ...)``); the forward pass merges them back into the module's graph and
     calls it, ``nnx.merge(graphdef, p, rest)(x)``. The module is not changed."""
-    from flax import nnx
-
+    nnx = _require("flax.nnx", "flax")
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
 
     def apply(p: Params, x: jax.Array) -> jax.Array:
@@ -159,8 +168,7 @@ def from_equinox(module: Any, prior_var: PriorSpec = 1.0, *, per_example: bool =
     (``eqx.partition(module, eqx.is_inexact_array)``), the rest is fixed; the forward pass is
     ``eqx.combine(p, rest)(x)``, mapped over the rows (Equinox's layers take one example; pass
     ``per_example=False`` for a module that takes a batch)."""
-    import equinox as eqx
-
+    eqx = _require("equinox", "equinox")
     params, static = eqx.partition(module, eqx.is_inexact_array)
 
     def apply(p: Params, x: jax.Array) -> jax.Array:

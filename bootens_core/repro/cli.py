@@ -520,9 +520,30 @@ def _bench_linesearch(args: argparse.Namespace) -> int:
         steps=args.steps or 100, repeats=args.repeats or 3, max_rows=args.max_rows or 0), line)
 
 
+# What the reproduction layer needs beyond the library's own dependencies (the `repro` extra).
+REPRO_MODULES = ("pandas", "matplotlib")
+
+
+def _missing_repro_modules() -> list[str]:
+    import importlib
+
+    missing = []
+    for name in REPRO_MODULES:
+        try:
+            importlib.import_module(name)  # every command imports them anyway
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bootens`` console script."""
     start = _clock()  # --time-budget counts from here
+    missing = _missing_repro_modules()
+    if missing:
+        print(f"bootens: the command rebuilds the paper and needs the reproduction extra (missing: "
+              f"{', '.join(missing)}): pip install \"bootens[repro]\"", file=sys.stderr)
+        return 2
     import jax
 
     jax.config.update("jax_enable_x64", True)  # the experiments compute in float64 (config.require_x64)
