@@ -18,7 +18,7 @@ Bootstrap Ensembles as Bayesian Inference". Two layers. The library, one module 
 - :mod:`~bootens_core.estimators` scikit-learn estimators: fit, predict with intervals, save and load
 - :mod:`~bootens_core.persist`    the versioned file format of a fitted ensemble
 
-and the reproduction of the paper on top of it, :mod:`~bootens_core.repro` (configurations and profiles,
+and the reproduction of the paper on top of it, ``bootens_core.repro`` (configurations and profiles,
 the experiments of every chapter, the result store, tables, figures, benchmarks and the ``bootens``
 command). The library never imports the reproduction layer.
 

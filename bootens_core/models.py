@@ -40,6 +40,7 @@ __all__ = [
 
 Params = Any  # a pytree of arrays
 
+#: The activations :func:`mlp` takes, by name.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "tanh": jnp.tanh,

@@ -36,7 +36,9 @@ import numpy as np
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Saved", "IncompatibleFileError", "write", "read"]
 
+#: The format name every file's header carries.
 FORMAT = "bootens-ensemble"
+#: The format version this module writes, and the newest it reads.
 FORMAT_VERSION = 1
 _HEADER = "__header__"
 

@@ -40,7 +40,8 @@ Prediction
     with ``y`` and ``yhat`` in original label units. That is the log density of ``y_i`` under the
     equal-weight mixture of ``N(yhat_ti, 1/tau)``. The same mixture on labels standardised by ``y_std``
     has variance ``1/(tau y_std^2)``. So :class:`~bootens_core.metrics.Prediction` ``(f, var=1/(tau
-    y_std^2))`` makes :func:`bootens_core.repro.harness.evaluate`'s MNLL exactly ``-mean(ll)``.
+    y_std^2))`` makes the UCI harness's MNLL (``bootens_core.repro.harness.evaluate``) exactly
+    ``-mean(ll)``.
 Selection (:func:`fit_select`)
     The validation rows are the *last* 20% of the training split, in the split file's row order: the
     first ``int(0.8 n)`` rows are fitted (:func:`validation_rows`; the harness draws a random subset
@@ -274,8 +275,8 @@ def weight_decay(dropout: Any, tau: Any, n: int, lengthscale: float = LENGTHSCAL
 def validation_rows(n_train: int) -> tuple[np.ndarray, np.ndarray]:
     """Gal's hold-out: ``(fit_rows, val_rows)`` = the first ``int(0.8 n)`` rows and the last ones.
 
-    Positions in the training split's row order. (:func:`bootens_core.repro.harness.validation_rows` draws a
-    random subset instead; this protocol does not.)
+    Positions in the training split's row order. (The UCI harness,
+    ``bootens_core.repro.harness.validation_rows``, draws a random subset instead; this protocol does not.)
     """
     n = _check_count(n_train, "n_train", 2)
     n_fit = int(0.8 * n)

@@ -71,7 +71,7 @@ def univariate(key: jax.Array, n: int, w_true: float, noise_var: float) -> Regre
 def trig_regression(key: jax.Array, n: int, noise_var: float) -> Regression1D:
     """Figure 2's data: ``y = sin(2x) + x/2 + N(0, noise_var)`` at ``x`` uniform on [-2, -0.5] U [0.5, 2].
 
-    The gap in the middle and the ends beyond |x| = 2 show the posterior's uncertainty growing away
+    The gap in the middle and the ends beyond ``|x| = 2`` show the posterior's uncertainty growing away
     from the data.
     """
     k_side, k_x, k_eps = jax.random.split(key, 3)

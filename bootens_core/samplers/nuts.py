@@ -15,7 +15,7 @@ from ._common import MCMCResult, _check_initial, _count, _flat_init, _prepare, u
 
 __all__ = ["nuts", "nuts_model", "NUTS_CHAIN_METHODS", "resolve_chain_method"]
 
-#: How the chains run: "vectorized" (one vmapped program for all chains), "sequential" (one chain after
+#: How the chains can run, "vectorized" (one vmapped program for all chains), "sequential" (one chain after
 #: another) or "auto" (sequential on a CPU, vectorized on an accelerator).
 NUTS_CHAIN_METHODS = ("auto", "vectorized", "sequential")
 

@@ -321,6 +321,11 @@ def test_page_renders(visit, docname):
         assert n_img != -1, f"{path}: figure {name!r} (mystnb metadata) is not on the page"
         assert n_img >= 1, f"{path}: figure {name!r} has no image (drawn with the Agg backend?)"
 
+    if (BOOK_ROOT / f"{docname}.ipynb").exists():  # a chapter: its Colab button, not its install cell
+        colab = f"https://colab.research.google.com/github/bootens/bootens/blob/main/{docname}.ipynb"
+        assert page.page.locator(f'a[href="{colab}"]').count() >= 1, f"{path}: no launch button to {colab}"
+        assert "google.colab" not in page.page.content(), f"{path} shows the Colab install cell"
+
     math = page.typeset_math()
     if math["n"]:
         assert math["mathjax"], f"{path}: {math['n']} formulas and MathJax did not load"
