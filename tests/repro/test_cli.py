@@ -90,7 +90,8 @@ def test_bad_profile_is_a_usage_error(capsys):
 
 
 def test_experiments_get_unknown():
-    with pytest.raises(KeyError, match="known are classification, deep-relu, linear, theory, toy-relu, uci, univariate"):
+    with pytest.raises(KeyError, match="known are classification, deep-relu, linear, practice, theory, toy-relu, uci, "
+                                       "univariate"):
         experiments.get("nonesuch")
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import classification, deep_relu, linear, theory, toy_relu, uci, univariate
+from . import classification, deep_relu, linear, practice, theory, toy_relu, uci, univariate
 
 __all__ = [
     "REGISTRY", "get", "linear", "univariate", "toy_relu", "deep_relu", "theory", "uci", "classification",
+    "practice",
 ]
 
 REGISTRY: dict[str, ModuleType] = {
-    m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory, uci, classification)
+    m.NAME: m for m in (univariate, linear, toy_relu, deep_relu, theory, uci, classification, practice)
 }
 
 

@@ -1,0 +1,96 @@
+"""experiments.practice: its rules by hand (splits, stuck particles, the non-inferiority rule, the calibration
+verdict), its configuration errors, and the contract of the chapter's own run (``chapter_run``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bootens_core.repro.experiments import practice
+from bootens_core.repro.experiments.practice.experiment import first_within, stuck_particles
+
+CFG = practice.Config.quick()
+
+
+def test_split_rows_partition_the_rows_the_same_way_every_time():
+    tr, te = practice.split_rows(442, 3, 0, 0.2)
+    assert te.size == 88 and tr.size == 354
+    assert np.array_equal(np.sort(np.concatenate([tr, te])), np.arange(442))
+    again = practice.split_rows(442, 3, 0, 0.2)
+    assert np.array_equal(tr, again[0]) and np.array_equal(te, again[1])
+    assert not np.array_equal(te, practice.split_rows(442, 4, 0, 0.2)[1])
+
+
+def test_stuck_particles_are_the_far_outliers_above():
+    rng = np.random.default_rng(0)
+    final = rng.normal(100.0, 2.0, size=200)
+    assert not stuck_particles(final).any()
+    final[[3, 7]] = [100.0 + 20 * 2.0, 100.0 - 20 * 2.0]  # one far above, one far below (a better optimum)
+    assert np.flatnonzero(stuck_particles(final)).tolist() == [3]
+    assert stuck_particles(np.array([1.0, 1.0, 1.0, 2.0])).tolist() == [False, False, False, True]  # MAD 0
+
+
+def test_first_within_is_a_paired_non_inferiority_test():
+    """Column 0 is worse than the last by 0.5 on every split, column 1 by 0.001 +- noise: with margin 0.02
+    the rule takes column 1; a margin above 0.5 plus its bound takes column 0; none within: the last."""
+    rng = np.random.default_rng(1)
+    last = rng.normal(5.0, 0.1, size=8)
+    values = np.stack([last + 0.5, last + 0.001 + 0.001 * rng.standard_normal(8), last], axis=1)
+    assert first_within(values, [1, 5, 20], 0.02) == 5
+    assert first_within(values, [1, 5, 20], 0.6) == 1
+    assert first_within(values[:, [0, 2]], [1, 20], 0.02) == 20
+    # the bound by hand: mean + t_{0.95, n-1} sd / sqrt(n) of column 1's differences
+    d = values[:, 1] - values[:, 2]
+    bound = d.mean() + stats.t.ppf(0.95, 7) * d.std(ddof=1) / np.sqrt(8)
+    assert first_within(values[:, 1:], [5, 20], bound + 1e-12) == 5
+    assert first_within(values[:, 1:], [5, 20], bound - 1e-12) == 20
+
+
+def test_calibration_verdict_follows_the_t_rule():
+    base = {"n_splits": 5, "levels": [0.5, 0.9], "coverage": [0.5, 0.9]}
+    crit = stats.t.isf(0.05 / 4, 4)
+    calibrated = practice.verdicts.calibration({**base, "coverage_t": [0.0, crit - 0.01]})
+    assert str(calibrated) == "calibrated at every level"
+    v = practice.verdicts.calibration({**base, "coverage_t": [-crit - 0.01, 0.0]})
+    assert str(v) == "overconfident at 1 of 2 levels" and v.margin == pytest.approx(0.01)
+    wide = practice.verdicts.calibration({**base, "coverage_t": [0.0, crit + 1]})
+    assert "underconfident at 1 of 2" in str(wide)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"n_splits": 2}, "n_splits"), ({"ks": (1, 5)}, "ks"), ({"compare_particles": 50}, "compare_particles"),
+    ({"stop_steps": (0, 10)}, "stop_steps"), ({"test_fraction": 1.0}, "test_fraction"),
+])
+def test_bad_configuration_is_named(change, match):
+    import jax
+
+    with pytest.raises(ValueError, match=match):
+        practice.run(jax.random.key(0), dataclasses.replace(CFG, **change), use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def chapter(chapter_run):
+    return chapter_run("practice", CFG)  # the chapter's own run: read from the book build's cache
+
+
+@pytest.mark.slow
+def test_chapter_run_has_the_contract(chapter):
+    s = practice.Summary.of(chapter)
+    n, kk = CFG.n_splits, len(CFG.ks)
+    assert chapter["by_k"].shape == (n, kk, 3) and chapter["by_step"].shape == (n, len(CFG.stop_steps), 2)
+    assert chapter["method"].shape == (n, len(practice.METHODS), 5)
+    assert np.all(np.isfinite(chapter["by_k"])) and np.all(np.isfinite(chapter["method"]))
+    assert set(s.selected_noise_var) <= set(CFG.noise_grid)
+    assert s.k_enough in CFG.ks and s.stop_step in CFG.stop_steps
+    assert np.all((chapter["coverage"] >= 0) & (chapter["coverage"] <= 1))
+    assert chapter["pit_counts"].sum() == n * s.n_test
+    # the full ensemble's row of the k sweep is the bootstrap arm of the comparison (compare_particles == K)
+    np.testing.assert_allclose(chapter["by_k"][:, -1, 1], chapter["method"][:, 0, 1], rtol=1e-12)
+    assert s.mnll_by_k[-1] == pytest.approx(s.means["bootstrap"]["mnll"], rel=1e-12)
+    for name in practice.METHODS[1:]:
+        assert set(s.compare[name]) == {"rmse", "mnll", "coverage90", "crps", "fit_s"}
+    table = practice.verdicts.guidance_table(s)
+    assert list(table.index) == ["particles", "noise variance", "steps", "stuck particles", "calibration"]
