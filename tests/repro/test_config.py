@@ -11,13 +11,14 @@ import pytest
 from bootens_core.repro import config
 from bootens_core.repro.config import as_dict, for_profile, profile
 from bootens_core.repro.experiments.linear.config import LinearConfig
+from bootens_core.repro.experiments.practice.config import PracticeConfig
 from bootens_core.repro.experiments.classification.config import ClassificationConfig
 from bootens_core.repro.experiments.deep_relu.config import DeepReluConfig
 from bootens_core.repro.experiments.toy_relu.config import ToyReluConfig
 from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments.univariate.config import UnivariateConfig
 
-CONFIGS = [UnivariateConfig, LinearConfig]
+CONFIGS = [UnivariateConfig, LinearConfig, PracticeConfig]
 
 
 def test_profile_defaults_to_quick(monkeypatch):
