@@ -28,6 +28,7 @@ is on; see :func:`bootens_core.models.float_dtype`). This module needs scikit-le
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import os
@@ -111,6 +112,13 @@ def _forward(in_dim: int, hidden: tuple[int, ...], activation: str, out_dim: int
 
 class _Base(BaseEstimator):
     """What the regressor and the classifier share: the network, the optimizer, the particles."""
+
+    def _store_settings(self, values: dict[str, Any]) -> None:
+        """``__init__``'s arguments stored unchanged under their own names, as scikit-learn requires (its
+        ``get_params`` reads them back by the signature's names)."""
+        for name in inspect.signature(type(self).__init__).parameters:
+            if name != "self":
+                setattr(self, name, values[name])
 
     def _settings(self) -> dict[str, Any]:
         """Every setting checked, as ``fit`` uses it (one ``ValueError`` naming the first bad one)."""
@@ -288,21 +296,7 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
                  optimizer: str = "lbfgs", learning_rate: float = 1.0, steps: int = 500,
                  perturb: bool = True, random_state: int | np.random.RandomState | None = None,
                  progress: bool = False):
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.n_particles = n_particles
-        self.weight_var = weight_var
-        self.bias_var = bias_var
-        self.scale_by_fan_in = scale_by_fan_in
-        self.noise_var = noise_var
-        self.noise_grid = noise_grid
-        self.validation_fraction = validation_fraction
-        self.optimizer = optimizer
-        self.learning_rate = learning_rate
-        self.steps = steps
-        self.perturb = perturb
-        self.random_state = random_state
-        self.progress = progress
+        self._store_settings(locals())
 
     def _noise(self) -> float | None:
         if isinstance(self.noise_var, str):
@@ -487,19 +481,7 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
                  optimizer: str = "lbfgs", learning_rate: float = 1.0, steps: int = 500,
                  perturb: bool = True, random_state: int | np.random.RandomState | None = None,
                  progress: bool = False):
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.n_particles = n_particles
-        self.weight_var = weight_var
-        self.bias_var = bias_var
-        self.scale_by_fan_in = scale_by_fan_in
-        self.alpha_eps = alpha_eps
-        self.optimizer = optimizer
-        self.learning_rate = learning_rate
-        self.steps = steps
-        self.perturb = perturb
-        self.random_state = random_state
-        self.progress = progress
+        self._store_settings(locals())
 
     def fit(self, X: Any, y: Any) -> BootstrapEnsembleClassifier:
         """Standardise ``X`` (per column), transform the labels, train the ensemble; returns ``self``."""
