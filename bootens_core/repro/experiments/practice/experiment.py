@@ -20,11 +20,10 @@ from .... import ensemble, metrics, models
 from ....estimators import BootstrapEnsembleRegressor
 from ... import store
 from ...config import require_x64
-from ..uci.experiment import paired
 from .config import PracticeConfig
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "split_rows", "stuck_particles",
-           "first_within", "METHODS"]
+           "first_within", "resampled_paired", "METHODS"]
 
 NAME = "practice"
 DESCRIPTION = "Bootstrap ensembles on one's own data: particles, noise variance, prior, steps, calibration"
@@ -43,12 +42,14 @@ class Summary(store.TypedSummary):
     ``k_enough``: the fewest particles whose test MNLL is shown to exceed the largest ensemble's by less than
     ``mnll_margin`` (:func:`first_within`); ``mnll_by_k``: mean test MNLL per ``k``.
     ``selected_noise_var``: the selected ``sigma^2`` (standardised units) per split. ``coverage``: mean
-    coverage per nominal level, ``coverage_t``: its t statistic against the level over splits; ``pit_p``:
-    Pearson's test of the pooled PIT histogram. ``stop_step``: the first of ``stop_steps`` whose test MNLL is
-    shown to exceed the last one's by less than ``mnll_margin``. ``stuck``: particles whose final objective
-    lies more than 5 robust standard deviations above the median of their ensemble's, over all splits.
-    ``compare``: for the plain ensemble and the unscaled prior, the paired comparison with the bootstrap
-    ensemble per metric (``diff`` = other minus bootstrap). ``means``: each method's mean per metric.
+    coverage per nominal level, ``coverage_t``: its t statistic against the level over splits (standard error
+    corrected for splits that share rows, :func:`resampled_paired`); ``pit_p``: Pearson's test of the first
+    split's PIT histogram (the figure pools every split's). ``stop_step``: the first of ``stop_steps`` whose
+    test MNLL is shown to exceed the last one's by less than ``mnll_margin``. ``stuck``: particles whose final
+    objective lies more than 5 robust standard deviations above the median of their ensemble's, over all
+    splits. ``compare``: for the plain ensemble and the unscaled prior, the paired comparison with the
+    bootstrap ensemble per metric (:func:`resampled_paired`, ``diff`` = other minus bootstrap). ``means``:
+    each method's mean per metric.
     """
 
     n_splits: int
@@ -181,8 +182,10 @@ def _compute(key: jax.Array, cfg: PracticeConfig, progress: bool):
         by_step[s] = _stopped_early(k_stop, est, x[tr], y[tr], x[te], y[te], cfg)
     pit = metrics.pit_histogram(np.concatenate(pooled_y), np.concatenate(pooled_f, axis=1),
                                 np.concatenate(pooled_var), cfg.pit_bins)
+    # The test of uniformity on one split's rows: pooled over splits, a row can count more than once.
+    pit_p = metrics.pit_histogram(pooled_y[0], pooled_f[0], pooled_var[0], cfg.pit_bins).p_value
     return _summarise(cfg, by_k, by_step, method, coverage, val_mnll, selected, final_loss, loss_median,
-                      loss_q, pit, n_test)
+                      loss_q, pit, float(pit_p), n_test)
 
 
 def _stopped_early(key: jax.Array, est: BootstrapEnsembleRegressor, x_tr: np.ndarray, y_tr: np.ndarray,
@@ -206,41 +209,68 @@ def _stopped_early(key: jax.Array, est: BootstrapEnsembleRegressor, x_tr: np.nda
     return out
 
 
-def first_within(values: np.ndarray, candidates: list[int], margin: float, level: float = 0.05) -> int:
+def resampled_paired(a: np.ndarray, b: np.ndarray, test_to_train: float, level: float = 0.05) -> dict:
+    """Paired comparison of ``a`` and ``b`` over random splits of one dataset, with Nadeau and Bengio's
+    corrected resampled t-test (Machine Learning 52, 2003): the splits share rows, so their differences
+    ``d = a - b`` are correlated and ``SD(d) / sqrt(J)`` understates the error of their mean; the corrected
+    standard error is ``SD(d) sqrt(1/J + n_test/n_train)``, with Student's t on ``J - 1`` degrees of freedom.
+    Returns the mean difference, that standard error, ``t``, the two-sided ``p`` and a verdict: ``lower`` /
+    ``higher`` (a's mean below / above b's at ``level``) or ``no significant difference``."""
+    from scipy import stats
+
+    d = np.asarray(a, float) - np.asarray(b, float)
+    j = d.size
+    se = float(d.std(ddof=1) * math.sqrt(1 / j + test_to_train))
+    mean = float(d.mean())
+    if se > 0:
+        t = mean / se
+        p = float(2 * stats.t.sf(abs(t), j - 1))
+    else:
+        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+    verdict = "no significant difference" if p >= level else ("lower" if mean < 0 else "higher")
+    return {"n": j, "diff": mean, "se": se, "t": t, "p": p, "verdict": verdict}
+
+
+def first_within(values: np.ndarray, candidates: list[int], margin: float, test_to_train: float = 0.0,
+                 level: float = 0.05) -> int:
     """The first candidate (column of ``values``, one row per split) shown no worse than the last column by
     more than ``margin``: a paired non-inferiority test, the upper ``1 - level`` confidence bound of the mean
-    difference (Student's t, ``n - 1`` degrees of freedom) below ``margin``. The last candidate if none is."""
+    difference below ``margin``, its standard error corrected for splits that share rows
+    (:func:`resampled_paired`; ``test_to_train`` 0 gives the plain paired bound). The last candidate if none
+    is."""
     from scipy import stats
 
     n = values.shape[0]
     for i, c in enumerate(candidates[:-1]):
         d = values[:, i] - values[:, -1]
-        upper = d.mean() + stats.t.ppf(1 - level, n - 1) * d.std(ddof=1) / math.sqrt(n)
+        upper = d.mean() + stats.t.ppf(1 - level, n - 1) * d.std(ddof=1) * math.sqrt(1 / n + test_to_train)
         if upper < margin:
             return int(c)
     return int(candidates[-1])
 
 
 def _summarise(cfg, by_k, by_step, method, coverage, val_mnll, selected, final_loss, loss_median, loss_q, pit,
-               n_test):
+               pit_p, n_test):
     levels = np.asarray(cfg.levels)
     dev = coverage - levels[None]
-    cov_t = dev.mean(0) / (dev.std(0, ddof=1) / math.sqrt(cfg.n_splits))
+    ratio = cfg.test_fraction / (1 - cfg.test_fraction)  # n_test / n_train of every split
+    cov_t = dev.mean(0) / (dev.std(0, ddof=1) * np.sqrt(1 / cfg.n_splits + ratio))
     stuck = sum(int(stuck_particles(v).sum()) for v in final_loss)
     compare = {}
     for j, name in enumerate(METHODS[1:], 1):
-        compare[name] = {m: paired(method[:, j, i], method[:, 0, i]) for i, m in enumerate(_METRICS)}
+        compare[name] = {m: resampled_paired(method[:, j, i], method[:, 0, i], ratio)
+                         for i, m in enumerate(_METRICS)}
     means = {name: {m: float(method[:, j, i].mean()) for i, m in enumerate(_METRICS)}
              for j, name in enumerate(METHODS)}
     summary = Summary(
         n_splits=cfg.n_splits, n_test=int(n_test), ks=list(cfg.ks), mnll_by_k=by_k[:, :, 1].mean(0).tolist(),
         mnll_margin=cfg.mnll_margin,
-        k_enough=first_within(by_k[:, :, 1], list(cfg.ks), cfg.mnll_margin),
+        k_enough=first_within(by_k[:, :, 1], list(cfg.ks), cfg.mnll_margin, ratio),
         selected_noise_var=[float(v) for v in selected],
         levels=list(cfg.levels), coverage=coverage.mean(0).tolist(), coverage_t=cov_t.tolist(),
-        pit_p=float(pit.p_value), stop_steps=list(cfg.stop_steps),
+        pit_p=pit_p, stop_steps=list(cfg.stop_steps),
         mnll_by_step=by_step[:, :, 1].mean(0).tolist(),
-        stop_step=first_within(by_step[:, :, 1], list(cfg.stop_steps), cfg.mnll_margin), stuck=stuck,
+        stop_step=first_within(by_step[:, :, 1], list(cfg.stop_steps), cfg.mnll_margin, ratio), stuck=stuck,
         particles_total=int(cfg.n_splits * cfg.n_particles), compare=compare, means=means,
     ).as_summary()
     arrays = {

@@ -20,9 +20,9 @@ LEVEL = 0.05  # every test's level; the coverage test shares it over the nominal
 
 def calibration(s: Summary | dict[str, Any]) -> report.Verdict:
     """Calibrated when no nominal level's coverage differs from the level by the t-test over splits (mean of
-    coverage minus level over its standard error, ``n_splits - 1`` degrees of freedom, two-sided, level
-    0.05 shared over the levels); otherwise overconfident (coverage below) or underconfident (above) at the
-    levels that differ."""
+    coverage minus level over its standard error corrected for splits that share rows, ``n_splits - 1``
+    degrees of freedom, two-sided, level 0.05 shared over the levels); otherwise overconfident (coverage
+    below) or underconfident (above) at the levels that differ."""
     s = summary_dict(s)
     t = np.asarray(s["coverage_t"], float)
     df = s["n_splits"] - 1
@@ -57,7 +57,8 @@ def stopping(s: Summary | dict[str, Any]) -> report.Verdict:
 
 def comparison_table(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """Each method's mean test RMSE, MNLL, 90% coverage, CRPS and fit seconds, with the paired difference
-    from the bootstrap ensemble (other minus bootstrap, its standard error and the t-test's p)."""
+    from the bootstrap ensemble (other minus bootstrap, its standard error and the corrected resampled
+    t-test's p; the verdict says lower or higher, which is better depending on the metric)."""
     s = summary_dict(s)
     rows = []
     for name in METHODS:
@@ -66,7 +67,7 @@ def comparison_table(s: Summary | dict[str, Any]) -> pd.DataFrame:
             if name != METHODS[0]:
                 c = s["compare"][name][metric]
                 row.update({"minus bootstrap": c["diff"], "se": c["se"], "p": c["p"],
-                            "paired t-test": c["verdict"]})
+                            "corrected paired t-test": c["verdict"]})
             rows.append(row)
     return pd.DataFrame(rows).set_index(["metric", "method"]).sort_index(level=0, sort_remaining=False)
 

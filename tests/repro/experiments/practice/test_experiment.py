@@ -10,7 +10,11 @@ import pytest
 from scipy import stats
 
 from bootens_core.repro.experiments import practice
-from bootens_core.repro.experiments.practice.experiment import first_within, stuck_particles
+from bootens_core.repro.experiments.practice.experiment import (
+    first_within,
+    resampled_paired,
+    stuck_particles,
+)
 
 CFG = practice.Config.quick()
 
@@ -47,6 +51,23 @@ def test_first_within_is_a_paired_non_inferiority_test():
     bound = d.mean() + stats.t.ppf(0.95, 7) * d.std(ddof=1) / np.sqrt(8)
     assert first_within(values[:, 1:], [5, 20], bound + 1e-12) == 5
     assert first_within(values[:, 1:], [5, 20], bound - 1e-12) == 20
+
+
+def test_resampled_paired_is_the_paired_t_test_widened_by_the_overlap_of_splits():
+    """With no overlap (ratio 0) it is scipy's paired t-test; with ratio r its standard error is
+    SD(d) sqrt(1/J + r) (Nadeau and Bengio's correction), so its t shrinks by sqrt(1 / (1 + J r))."""
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(1.0, 1.0, 12), rng.normal(0.3, 1.0, 12)
+    plain = resampled_paired(a, b, 0.0)
+    ref = stats.ttest_rel(a, b)
+    assert plain["t"] == pytest.approx(ref.statistic, rel=1e-12)
+    assert plain["p"] == pytest.approx(ref.pvalue, rel=1e-12)
+    wide = resampled_paired(a, b, 0.25)
+    assert wide["t"] == pytest.approx(ref.statistic / np.sqrt(1 + 12 * 0.25), rel=1e-12)
+    assert wide["p"] > plain["p"]
+    assert resampled_paired(a, a + 5.0, 0.25)["verdict"] == "lower"
+    assert resampled_paired(a, a, 0.25) == {"n": 12, "diff": 0.0, "se": 0.0, "t": 0.0, "p": 1.0,
+                                            "verdict": "no significant difference"}
 
 
 def test_calibration_verdict_follows_the_t_rule():
