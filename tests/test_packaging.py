@@ -17,8 +17,8 @@ import bootens_core
 ROOT = Path(__file__).parents[1]
 LIGHT = {"numpy", "scipy", "jax", "jaxlib", "optax", "tqdm"}
 # Everything an extra brings that the library must not need at import (nor to train and score an ensemble).
-HEAVY = ("pandas", "matplotlib", "sklearn", "numpyro", "arviz", "pooch", "tensorflow", "gpflow", "flax", "equinox",
-         "torch", "IPython", "yaml", "pytest")
+HEAVY = ("pandas", "matplotlib", "sklearn", "numpyro", "arviz", "pooch", "tensorflow", "gpflow", "flax",
+         "equinox", "torch", "IPython", "yaml", "pytest")
 
 _BLOCK = textwrap.dedent(
     f"""
@@ -92,7 +92,8 @@ def test_library_imports_and_trains_with_its_light_dependencies_alone():
 def test_command_names_the_reproduction_extra():
     proc = _run(_BLOCK + "from bootens_core.repro.cli import main\nraise SystemExit(main(['list']))")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert 'needs the reproduction extra (missing: pandas, matplotlib): pip install "bootens[repro]"' in proc.stderr
+    want = 'needs the reproduction extra (missing: pandas, matplotlib): pip install "bootens[repro]"'
+    assert want in proc.stderr
 
 
 def test_citation_file_describes_this_package_and_the_paper():
@@ -102,7 +103,8 @@ def test_citation_file_describes_this_package_and_the_paper():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert cff["version"] == project["version"]
     paper = cff["preferred-citation"]
-    bib = (ROOT / "book" / "references.bib").read_text().split("@misc{milios2020variational,")[1].split("\n}")[0]
+    bibfile = (ROOT / "book" / "references.bib").read_text()
+    bib = bibfile.split("@misc{milios2020variational,")[1].split("\n}")[0]
     assert paper["title"].replace("Bayesian", "{Bayesian}") in bib
     assert f"year          = {{{paper['year']}}}" in bib
     assert paper["identifiers"][0]["value"] == "arXiv:" + re.search(r"eprint\s*=\s*\{(.+?)\}", bib).group(1)

@@ -1,13 +1,13 @@
 """Sphinx extension of the book: the API reference's short cross-references resolve to the object they name.
 
-The library's docstrings name objects as a reader of the source does, relative to where they are used
-(``:func:`train``` in the ensemble's kernel, ``:func:`ensemble.train``` in the classification module), or by
-the package that re-exports them (``bootens_core.ensemble.train``). Sphinx resolves a name only in the current
-module or as the full path it is documented under, so in nitpicky mode (``-n``) these would be broken links.
-This handler runs for every reference Sphinx could not resolve: it looks for the documented Python objects
-that the reference's dotted name names (the same last component, its other components in order among theirs)
-and, of those, takes the one sharing the longest module prefix with the place of the reference. A name that matches nothing stays unresolved, and the
-build's ``-W -n`` fails on it.
+The library's docstrings name objects as a reader of the source does: relative to where they are used
+(``:func:`train``` in the ensemble's kernel, ``:func:`ensemble.train``` in the classification module), or
+by the package that re-exports them (``bootens_core.ensemble.train``). Sphinx resolves a name only in the
+current module or as the full path it is documented under, so in nitpicky mode (``-n``) these would be
+broken links. This handler runs for every reference Sphinx could not resolve: it looks for the documented
+Python objects that the reference's dotted name names (the same last component, its other components in
+order among theirs) and, of those, takes the one sharing the longest module prefix with the place of the
+reference. A name that matches nothing stays unresolved, and the build's ``-W -n`` fails on it.
 """
 
 from __future__ import annotations

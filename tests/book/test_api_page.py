@@ -25,8 +25,10 @@ def _resolver():
 def test_every_public_library_module_is_on_the_api_page():
     page = (ROOT / "book" / "api.md").read_text()
     listed = set(re.findall(r"^\.\. automodule:: (\S+)$", page, flags=re.M))
-    modules = {m.name for m in pkgutil.walk_packages(bootens_core.__path__, "bootens_core.")
-               if not m.name.startswith("bootens_core.repro") and not m.name.rsplit(".", 1)[1].startswith("_")}
+    found = pkgutil.walk_packages(bootens_core.__path__, "bootens_core.")
+    modules = {m.name for m in found
+               if not m.name.startswith("bootens_core.repro")
+               and not m.name.rsplit(".", 1)[1].startswith("_")}
     assert modules | {"bootens_core"} == listed
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     assert {"file": "book/api"} in toc["chapters"]
@@ -51,7 +53,8 @@ def test_the_nearest_of_several_candidates_is_taken():
             self.docname, self.node_id = docname, docname
 
     class Domain:
-        objects = {"bootens_core.classification.train": Obj("c"), "bootens_core.ensemble.drivers.train": Obj("e")}
+        objects = {"bootens_core.classification.train": Obj("c"),
+                   "bootens_core.ensemble.drivers.train": Obj("e")}
 
     class Env:
         def get_domain(self, name):
@@ -65,7 +68,9 @@ def test_the_nearest_of_several_candidates_is_taken():
 
     mod = _resolver()
     mod.make_refnode = fake_refnode
-    node = {"refdomain": "py", "reftarget": "train", "py:module": "bootens_core.ensemble.kernel", "refdoc": "x"}
-    assert mod.resolve(type("App", (), {"builder": None})(), Env(), node, None) == "bootens_core.ensemble.drivers.train"
+    node = {"refdomain": "py", "reftarget": "train", "py:module": "bootens_core.ensemble.kernel",
+            "refdoc": "x"}
+    app = type("App", (), {"builder": None})()
+    assert mod.resolve(app, Env(), node, None) == "bootens_core.ensemble.drivers.train"
     node = {"refdomain": "py", "reftarget": "nothing_like_it", "refdoc": "x"}
     assert mod.resolve(None, Env(), node, None) is None

@@ -1,5 +1,5 @@
-"""Every chapter opens in Google Colab: a launch button (``_config.yml``) and a first cell, hidden in the book,
-that installs the package from the book's repository with extras that exist, on Colab only."""
+"""Every chapter opens in Google Colab: a launch button (``_config.yml``) and a first cell, hidden in the
+book, that installs the package from the book's repository with extras that exist, on Colab only."""
 
 from __future__ import annotations
 
