@@ -79,14 +79,14 @@ def guidance_table(s: Summary | dict[str, Any]) -> pd.DataFrame:
     values, unique = np.unique(sel, return_counts=True)
     rows = [
         ("particles", f"{s['k_enough']} of {s['ks'][-1]}",
-         f"fewest whose test MNLL is within {s['mnll_margin']:g} of all particles' (paired 95% upper bound)"),
+         f"fewest whose test MNLL is within {s['mnll_margin']:g} of all particles' (corrected 95% bound)"),
         ("noise variance", ", ".join(f"{v:g} ({c}x)" for v, c in zip(values, unique, strict=True)),
          "selected on held-out MNLL (fraction of the labels' variance), per split"),
         ("steps", f"{s['stop_step']} of {s['stop_steps'][-1]}",
-         f"first whose test MNLL is within {s['mnll_margin']:g} of the last step's (paired 95% upper bound)"),
+         f"first whose test MNLL is within {s['mnll_margin']:g} of the last step's (corrected 95% bound)"),
         ("stuck particles", f"{s['stuck']} of {s['particles_total']}",
          "final objective over 5 robust sd above its ensemble's median"),
         ("calibration", str(calibration(s)),
-         "coverage at 50-95% against the nominal level, t-test over splits"),
+         "coverage at 50-95% against the nominal level, corrected t-test over splits"),
     ]
     return pd.DataFrame(rows, columns=["question", "measured", "rule"]).set_index("question")
