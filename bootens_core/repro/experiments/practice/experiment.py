@@ -194,7 +194,8 @@ def _stopped_early(key: jax.Array, est: BootstrapEnsembleRegressor, x_tr: np.nda
     optimizer, standardisation and selected ``sigma^2``, trained once with snapshots (another key)."""
     model = models.mlp(x_tr.shape[1], est.hidden_layer_sizes, est.activation, weight_var=est.weight_var,
                        bias_var=est.bias_var, scale_by_fan_in=est.scale_by_fan_in)
-    opt = ensemble.optimizer("lbfgs", est.learning_rate, linesearch="zoom")
+    extra = {"linesearch": "zoom"} if est.optimizer == "lbfgs" else {}  # as the estimator builds it
+    opt = ensemble.optimizer(est.optimizer, est.learning_rate, **extra)
     xs, xt = (x_tr - est.x_mean_) / est.x_scale_, (x_te - est.x_mean_) / est.x_scale_
     ys = (y_tr - est.y_mean_) / est.y_scale_
     res = ensemble.train(key, model, xs, ys, noise_var=est.noise_var_standardised_,
