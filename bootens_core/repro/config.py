@@ -31,6 +31,7 @@ __all__ = [
     "MCDropoutConfig",
     "DropoutGridConfig",
     "SGHMCConfig",
+    "DeepEnsembleConfig",
     "MHConfig",
     "NUTSConfig",
     "for_profile",
@@ -267,6 +268,23 @@ class DropoutGridConfig:
     dropout_grid: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.2)
     epochs: int = 500
     samples: int = 1000
+
+
+@dataclass(frozen=True)
+class DeepEnsembleConfig:
+    """Deep ensembles (Lakshminarayanan et al. 2017, :mod:`bootens_core.baselines.deep_ensemble`) on their UCI
+    protocol as we read it: ``n_networks`` ReLU networks of one hidden layer (``width`` units, ``width_large``
+    for Protein), each from its own random initialisation, predicting a mean and a variance, trained on the
+    Gaussian negative log-likelihood plus its value at fast-gradient-sign adversarial inputs
+    (``adversarial_eps`` x each input's range) by Adam (``lr``, minibatches of ``batch_size``, ``epochs``)."""
+
+    n_networks: int = 5
+    width: int = 50
+    width_large: int = 100
+    epochs: int = 40
+    batch_size: int = 100
+    lr: float = 0.1
+    adversarial_eps: float = 0.01
 
 
 @dataclass(frozen=True)
