@@ -40,7 +40,8 @@ class Prediction(NamedTuple):
 
     Attributes:
         f: ``(k, n)`` component means (``k = 1`` for a Gaussian predictive such as the GP's).
-        var: predictive variance of each component: a scalar or one per point ``(n,)``.
+        var: predictive variance of the components: a scalar, one per point ``(n,)``, or one per component
+            and point ``(k, n)`` (a deep ensemble's networks each predict their own variance).
         diverged: components dropped because their parameters or outputs were not finite.
         noise_var: the likelihood variance the method fitted itself (``None`` when it was given one).
         info: anything else worth keeping (fitted hyper-parameters, iterations).
@@ -51,6 +52,18 @@ class Prediction(NamedTuple):
     diverged: int = 0
     noise_var: float | None = None
     info: dict[str, Any] | None = None
+
+
+def _component_var(y: np.ndarray, f: np.ndarray, noise_var: Any) -> np.ndarray:
+    """The variance of every component at every point, ``(k, n)``, from a scalar, ``(n,)`` or ``(k, n)``;
+    checks the shapes of ``y`` and ``f`` first."""
+    if f.ndim != 2 or y.ndim != 1 or f.shape[1] != y.shape[0]:
+        raise ValueError(f"f must have shape (k, n) with n = {y.shape[0]}, got {f.shape}")
+    var = np.asarray(noise_var, float)
+    if var.ndim == 1 and var.shape != y.shape or var.ndim == 2 and var.shape != f.shape or var.ndim > 2:
+        raise ValueError(f"noise_var must be a scalar, one per point {y.shape} or one per component and point "
+                         f"{f.shape}, got shape {var.shape}")
+    return np.broadcast_to(var, f.shape)
 
 
 def rmse(y: np.ndarray, pred_mean: np.ndarray) -> float:
@@ -64,26 +77,24 @@ def rmse(y: np.ndarray, pred_mean: np.ndarray) -> float:
 def mixture_mnll(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray) -> float:
     """Mean negative log-likelihood of ``y`` under the equal-weight mixture of the particles' predictives.
 
-    ``-1/n sum_i log( 1/k sum_j N(y_i; f_ji, noise_var) )`` with ``f`` of shape ``(k, n)``.
+    ``-1/n sum_i log( 1/k sum_j N(y_i; f_ji, noise_var_ji) )`` with ``f`` of shape ``(k, n)`` and
+    ``noise_var`` a scalar, ``(n,)`` or ``(k, n)``.
     """
     y, f = np.asarray(y, float), np.asarray(f, float)
-    if f.ndim != 2 or f.shape[1] != y.shape[0]:
-        raise ValueError(f"f must have shape (k, n) with n = {y.shape[0]}, got {f.shape}")
-    var = np.broadcast_to(np.asarray(noise_var, float), y.shape)
-    logp = -0.5 * ((y[None] - f) ** 2 / var[None] + np.log(2 * np.pi * var)[None])
+    var = _component_var(y, f, noise_var)
+    logp = -0.5 * ((y[None] - f) ** 2 / var + np.log(2 * np.pi * var))
     return float(-np.mean(logsumexp(logp, axis=0) - np.log(f.shape[0])))
 
 
 def mixture_cdf(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray) -> np.ndarray:
     """``F(y_i) = 1/k sum_j Phi((y_i - f_ji) / sqrt(noise_var_i))``: the predictive mixture's CDF at each label.
 
-    ``f`` has shape ``(k, n)``; ``noise_var`` is a scalar or one variance per point.
+    ``f`` has shape ``(k, n)``; ``noise_var`` is a scalar, one variance per point or one per component and
+    point.
     """
     y, f = np.asarray(y, float), np.asarray(f, float)
-    if f.ndim != 2 or f.shape[1] != y.shape[0]:
-        raise ValueError(f"f must have shape (k, n) with n = {y.shape[0]}, got {f.shape}")
-    sd = np.sqrt(np.broadcast_to(np.asarray(noise_var, float), y.shape))
-    return np.mean(ndtr((y[None] - f) / sd[None]), axis=0)
+    sd = np.sqrt(_component_var(y, f, noise_var))
+    return np.mean(ndtr((y[None] - f) / sd), axis=0)
 
 
 def mixture_coverage(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray, level: float = 0.95) -> float:
@@ -153,28 +164,39 @@ def _abs_gaussian_mean(mu: np.ndarray, var: np.ndarray) -> np.ndarray:
     return 2 * s * np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi) + mu * (2 * ndtr(z) - 1)
 
 
-def mixture_crps(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray) -> float:
+def mixture_crps(
+    y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray, pair_components: int | None = None
+) -> float:
     """Mean continuous ranked probability score of the labels under their predictive mixtures (label units;
     lower is better; a point prediction scores its absolute error).
 
     ``CRPS(F, y) = E|X - y| - E|X - X'| / 2`` for independent ``X, X' ~ F``; for the equal-weight mixture of
-    ``N(f_j, s^2)`` both are closed forms (Grimit et al. 2006, with ``E|Z|`` of a Gaussian ``Z``):
-    ``1/k sum_j E|N(y - f_j, s^2)| - 1/(2 k^2) sum_jl E|N(f_j - f_l, 2 s^2)|``. The pairs are summed in
-    blocks of points (memory ``k^2`` per point).
+    ``N(f_j, s_j^2)`` both are closed forms (Grimit et al. 2006, with ``E|Z|`` of a Gaussian ``Z``):
+    ``1/k sum_j E|N(y - f_j, s_j^2)| - 1/(2 k^2) sum_jl E|N(f_j - f_l, s_j^2 + s_l^2)|``. ``noise_var`` is a
+    scalar, ``(n,)`` or ``(k, n)``. The pairs are summed in blocks of points (memory ``k^2`` per point).
+
+    ``pair_components``: the pair term over the first ``m`` components only (``m^2`` instead of ``k^2`` work
+    per point), the first term still over all ``k``. For components that are i.i.d. draws (MC-dropout passes,
+    sampler draws) both are unbiased for the predictive their distribution defines; for other mixtures it is
+    not the mixture's CRPS. ``None`` (or ``m >= k``): every pair, the exact CRPS of the mixture.
     """
     y, f = np.asarray(y, float), np.asarray(f, float)
-    if f.ndim != 2 or f.shape[1] != y.shape[0]:
-        raise ValueError(f"f must have shape (k, n) with n = {y.shape[0]}, got {f.shape}")
-    var = np.broadcast_to(np.asarray(noise_var, float), y.shape)
+    var = _component_var(y, f, noise_var)
     if not np.all(var > 0):
         raise ValueError("noise_var must be positive")
     k, n = f.shape
-    first = np.mean(_abs_gaussian_mean(y[None] - f, var[None]), axis=0)
+    first = np.mean(_abs_gaussian_mean(y[None] - f, var), axis=0)
+    if pair_components is not None:
+        if isinstance(pair_components, bool) or not isinstance(pair_components, int | np.integer) \
+                or pair_components < 1:
+            raise ValueError(f"pair_components must be a positive integer or None, got {pair_components!r}")
+        m = min(int(pair_components), k)
+        f, var, k = f[:m], var[:m], m
     second = np.empty(n)
-    block = max(1, 2**22 // max(k * k, 1))
+    block = max(1, 2**22 // (k * k))
     for a in range(0, n, block):
-        fb, vb = f[:, a:a + block], var[a:a + block]
-        pairs = _abs_gaussian_mean(fb[:, None] - fb[None], 2 * vb[None, None])
+        fb, vb = f[:, a:a + block], var[:, a:a + block]
+        pairs = _abs_gaussian_mean(fb[:, None] - fb[None], vb[:, None] + vb[None])
         second[a:a + block] = np.mean(pairs, axis=(0, 1))
     return float(np.mean(first - 0.5 * second))
 

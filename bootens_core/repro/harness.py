@@ -38,6 +38,11 @@ __all__ = [
     "CELL_FIELDS",
     "validation_rows",
     "evaluate",
+    "CALIBRATION_LEVELS",
+    "CALIBRATION_FIELDS",
+    "PIT_BINS",
+    "CRPS_PAIR_COMPONENTS",
+    "calibration",
     "run_cell",
     "CellStore",
     "run_cells",
@@ -115,6 +120,34 @@ def evaluate(y: np.ndarray, pred: Prediction, y_std: float) -> dict[str, float]:
     }
 
 
+# Calibration of a cell's test predictive (its record's optional fields; records made before they existed lack
+# them): coverage of the central intervals at these nominal levels (95% is ``coverage95``), the PIT histogram's
+# counts in PIT_BINS equal bins, and the CRPS in original label units.
+CALIBRATION_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9)
+PIT_BINS = 10
+CALIBRATION_FIELDS = ("test_crps", *(f"coverage{round(100 * lv)}" for lv in CALIBRATION_LEVELS), "pit_counts")
+# The CRPS's pair term of a predictive with more components than this (MC dropout's 10 000 passes) is taken over
+# its first CRPS_PAIR_COMPONENTS: i.i.d. draws, so unbiased (metrics.mixture_crps); the work is quadratic.
+CRPS_PAIR_COMPONENTS = 2000
+
+
+def calibration(y: np.ndarray, pred: Prediction, y_std: float) -> dict[str, Any]:
+    """Calibration of ``pred`` against standardised labels ``y``: :data:`CALIBRATION_FIELDS` --
+    ``test_crps`` (original label units: the CRPS scales with ``y_std``), ``coverage50`` ... ``coverage90``
+    (central intervals, :func:`bootens_core.metrics.coverage_levels`) and ``pit_counts`` (labels per PIT bin,
+    :data:`PIT_BINS` equal bins of ``[0, 1]``). No component: NaNs and no counts."""
+    f = np.asarray(pred.f, np.float64)
+    if f.shape[0] == 0:
+        return {"test_crps": math.nan, **{f"coverage{round(100 * lv)}": math.nan for lv in CALIBRATION_LEVELS},
+                "pit_counts": []}
+    pairs = CRPS_PAIR_COMPONENTS if f.shape[0] > CRPS_PAIR_COMPONENTS else None
+    cov = metrics.coverage_levels(y, f, pred.var, CALIBRATION_LEVELS)
+    pit = metrics.pit_histogram(y, f, pred.var, PIT_BINS)
+    return {"test_crps": metrics.mixture_crps(y, f, pred.var, pair_components=pairs) * y_std,
+            **{f"coverage{round(100 * lv)}": cov[lv] for lv in CALIBRATION_LEVELS},
+            "pit_counts": [int(c) for c in pit.counts]}
+
+
 def _restandardise(s: uci.UCISplit, fit_rows: np.ndarray, other_rows: np.ndarray):
     """Fit rows and other rows of the training split, standardised with the fit rows' statistics only."""
     x = s.x_train * s.x_std + s.x_mean
@@ -168,6 +201,7 @@ def run_cell(
         noise_var = float(pred.noise_var) if pred.noise_var is not None else math.nan
         selection = (pred.info or {}).get("selection", "fitted with the model")
     scores = evaluate(data.y_test, pred, data.y_std)
+    scores.update(calibration(data.y_test, pred, data.y_std))
     if pred.info:
         record["info"] = pred.info
     record.update(

@@ -90,6 +90,42 @@ def test_evaluate_without_components_is_nan():
     assert all(math.isnan(v) for v in got.values())
 
 
+@pytest.mark.parametrize("var_shape", ["scalar", "per point", "per component"])
+def test_calibration_in_original_units(var_shape):
+    rng = np.random.default_rng(1)
+    n, k, m, s = 80, 5, 3.0, 1.9
+    y = rng.normal(size=n)
+    f = y[None] + rng.normal(0, 0.5, size=(k, n))
+    var = {"scalar": 0.3, "per point": rng.uniform(0.1, 0.8, size=n),
+           "per component": rng.uniform(0.1, 0.8, size=(k, n))}[var_shape]
+    got = harness.calibration(y, Prediction(f, var), s)
+    assert set(got) == set(harness.CALIBRATION_FIELDS)
+    y_o, f_o, var_o = y * s + m, f * s + m, np.asarray(var) * s**2
+    assert got["test_crps"] == pytest.approx(metrics.mixture_crps(y_o, f_o, var_o), rel=1e-10)
+    # coverage from scipy's mixture CDF, counted directly
+    u = np.mean(stats.norm.cdf(y_o[None], loc=f_o, scale=np.sqrt(var_o)), axis=0)
+    for level in harness.CALIBRATION_LEVELS:
+        lo = (1 - level) / 2
+        assert got[f"coverage{round(100 * level)}"] == np.mean((u >= lo) & (u <= 1 - lo))
+    assert got["pit_counts"] == np.histogram(u, bins=harness.PIT_BINS, range=(0, 1))[0].tolist()
+    assert sum(got["pit_counts"]) == n
+
+
+def test_calibration_of_many_draws_takes_the_pair_term_over_the_first():
+    rng = np.random.default_rng(2)
+    n, k = 10, harness.CRPS_PAIR_COMPONENTS + 7
+    y, f = rng.normal(size=n), rng.normal(size=(k, n))
+    got = harness.calibration(y, Prediction(f, 0.5), 1.0)
+    want = metrics.mixture_crps(y, f, 0.5, pair_components=harness.CRPS_PAIR_COMPONENTS)
+    assert got["test_crps"] == pytest.approx(want, rel=1e-12)
+    assert got["test_crps"] != metrics.mixture_crps(y, f, 0.5)
+
+
+def test_calibration_without_components_is_nan():
+    got = harness.calibration(np.zeros(3), Prediction(np.zeros((0, 3)), 1.0, diverged=5), 2.0)
+    assert got["pit_counts"] == [] and all(math.isnan(v) for k, v in got.items() if k != "pit_counts")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # run_cell on a hand-built split
 

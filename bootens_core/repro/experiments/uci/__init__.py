@@ -9,9 +9,10 @@ from __future__ import annotations
 from . import figures, verdicts
 from .experiment import (
     NAME, DESCRIPTION, ARTEFACTS, Config, run, store_dir, compute_cell, cells, expand_methods, method,
-    paper_reference, LEVEL, MIN_SPLITS, METRICS, ENSEMBLE_IDS, BASELINE_IDS, compare_with_paper, holm,
+    paper_reference, LEVEL, MIN_SPLITS, METRICS, ENSEMBLE_IDS, BASELINE_IDS, PRACTICE_IDS, compare_with_paper, holm,
     method_id, paired, paired_comparisons, ranking, comparative_claim, published_reference, summarise,
-    restate, paper_scale_summary, result_cells, cells_csv, lbfgs_check, sghmc_step_study, from_cells,
+    restate, paper_scale_summary, result_cells, cells_csv, lbfgs_check, sghmc_step_study, deep_lr_check,
+    from_cells,
     PAPER_METHODS, PRIORITY_METHODS, PRIORITY_DATASETS, TRAIN_SHAPES, GP_SKIPPED, priority, cost_units,
     grid_batch, grid_batches, ensemble_optimizer, gp_available, reference_times, PendingRun, run_pending,
     FoldReport, fold, cell_devices, cell_of, lbfgs_label, lbfgs_variant_cells, settings, record_cells,
@@ -21,9 +22,11 @@ from .experiment import (
 __all__ = [
     "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "store_dir", "compute_cell", "cells",
     "expand_methods", "method", "paper_reference", "LEVEL", "MIN_SPLITS", "METRICS", "ENSEMBLE_IDS",
-    "BASELINE_IDS", "compare_with_paper", "holm", "method_id", "paired", "paired_comparisons", "ranking",
+    "BASELINE_IDS", "PRACTICE_IDS", "compare_with_paper", "holm", "method_id", "paired", "paired_comparisons",
+    "ranking",
     "comparative_claim", "published_reference", "summarise", "restate", "paper_scale_summary",
-    "result_cells", "cells_csv", "lbfgs_check", "sghmc_step_study", "from_cells", "PAPER_METHODS",
+    "result_cells", "cells_csv", "lbfgs_check", "sghmc_step_study", "deep_lr_check", "from_cells",
+    "PAPER_METHODS",
     "PRIORITY_METHODS", "PRIORITY_DATASETS", "TRAIN_SHAPES", "GP_SKIPPED", "priority", "cost_units",
     "grid_batch", "grid_batches", "ensemble_optimizer", "gp_available", "reference_times", "PendingRun",
     "run_pending", "FoldReport", "fold", "cell_devices", "cell_of", "lbfgs_label", "lbfgs_variant_cells",

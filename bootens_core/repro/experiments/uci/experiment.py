@@ -64,7 +64,8 @@ from ... import cellpack, harness, store
 from ....baselines import dropout
 from .... import ensemble, samplers, models
 from ....driver import CompileCounter
-from ...config import (GPConfig, LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig, as_dict, from_dict, plain, require_x64)
+from ...config import (DeepEnsembleConfig, GPConfig, LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig, as_dict,
+                       from_dict, plain, require_x64)
 from .config import UCI_METHODS, UCIConfig
 from ....data import uci
 from ...harness import Cell, Method
@@ -87,6 +88,7 @@ __all__ = [
     "METRICS",
     "ENSEMBLE_IDS",
     "BASELINE_IDS",
+    "PRACTICE_IDS",
     "compare_with_paper",
     "holm",
     "method_id",
@@ -102,6 +104,7 @@ __all__ = [
     "cells_csv",
     "lbfgs_check",
     "sghmc_step_study",
+    "deep_lr_check",
     "from_cells",
     "PAPER_METHODS",
     "PRIORITY_METHODS",
@@ -148,6 +151,13 @@ METRICS = {"rmse": "test_rmse", "mnll": "test_mnll", "coverage95": "coverage95"}
 # The paper's ensembles and the baselines of its comparative claim, as method ids.
 ENSEMBLE_IDS = ("ensemble-1", "ensemble-4")
 BASELINE_IDS = ("mcd-1", "mcd-4", "sghmc-1", "gp")
+# The baselines beyond the paper's columns, those a practitioner would use instead: the plain ensemble (the
+# same particles, no perturbation) and deep ensembles (Lakshminarayanan et al. 2017). Not in the paper's
+# comparative claim, which names MC dropout, SGHMC and the GP.
+PRACTICE_IDS = ("plain-1", "plain-4", "deep-1")
+# Columns of the metrics the paired comparisons take: the tables' three and the CRPS (calibration fields,
+# which cells made before they existed lack).
+_PAIRED_COLUMNS = {"rmse": "test_rmse", "mnll": "test_mnll", "coverage95": "coverage95", "crps": "test_crps"}
 
 
 def _check(cfg: UCIConfig) -> None:
@@ -228,7 +238,9 @@ class _Context(NamedTuple):
     grid_batch: Callable[[int, int], int]
 
 
-def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: int, /, ctx: _Context) -> Method:
+def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: int, /, ctx: _Context,
+                     perturb: bool = True) -> Method:
+    # perturb=False: the plain ensemble (_plain_method), the same particles minimising the unperturbed MAP loss.
     layers, in_dim = ctx.layers, ctx.in_dim
     model = _mlp(in_dim, layers, network)
     opt = _lbfgs(lbfgs)
@@ -244,13 +256,13 @@ def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: in
     def fit_ensemble(key, x, y, x_eval, noise_var):
         res = ensemble.train(
             key, model, x, y, noise_var=noise_var, n_particles=n_particles, opt=opt,
-            steps=steps, dtype=dtype, on_diverged="report",
+            steps=steps, dtype=dtype, on_diverged="report", perturb_labels=perturb, perturb_prior=perturb,
         )
         return predict(res, x_eval, noise_var)
 
     def fit_ensemble_grid(key, x, y, x_eval, noise_grid):
         # The grid in batches of grid_batch values (ensemble.train_grid); 1 is fit_ensemble value by value.
-        size = ctx.grid_batch(np.shape(x)[0], len(noise_grid))
+        size = ctx.grid_batch(np.shape(x)[0], len(noise_grid)) if perturb else 1
         if size == 1:
             return [fit_ensemble(key, x, y, x_eval, nv) for nv in noise_grid]
         preds = []
@@ -260,7 +272,37 @@ def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: in
             preds += [predict(res, x_eval, nv) for res, nv in zip(results[:n_real], part[:n_real], strict=True)]
         return preds
 
-    return Method("ensemble", layers, True, fit_ensemble, fit_ensemble_grid)
+    return Method("ensemble" if perturb else "plain", layers, True, fit_ensemble, fit_ensemble_grid)
+
+
+def _plain_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: int, /, ctx: _Context) -> Method:
+    """The plain ensemble: the ensembles' particles (network, prior draws as initialisations, L-BFGS, sigma^2 on
+    the validation grid) minimising the MAP loss with neither the labels nor the prior perturbed."""
+    return _ensemble_method(network, lbfgs, n_particles, ctx, perturb=False)
+
+
+def _deep_method(deep: DeepEnsembleConfig, /, ctx: _Context) -> Method:
+    """Deep ensembles on their protocol (:class:`~bootens_core.repro.config.DeepEnsembleConfig`): each network
+    predicts its own variance, so nothing is selected on the validation rows; the predictive is the
+    equal-weight mixture of the networks' Gaussians."""
+    from ....baselines import deep_ensemble
+
+    width = deep.width_large if ctx.dataset == "protein" else deep.width
+
+    def fit_deep(key, x, y, x_eval, noise_var):
+        ens = deep_ensemble.fit(key, x, y, hidden=(width,) * ctx.layers, n_networks=deep.n_networks,
+                                epochs=deep.epochs, batch_size=deep.batch_size, lr=deep.lr,
+                                adversarial_eps=deep.adversarial_eps)
+        n_div = int(np.sum(ens.diverged))
+        if n_div == deep.n_networks:
+            return Prediction(np.zeros((0, len(x_eval))), 1.0, n_div, math.nan, {"width": width})
+        mean, var = deep_ensemble.predict(ens, x_eval)
+        mean, var = np.asarray(mean, np.float64), np.asarray(var, np.float64)
+        # The "noise variance" of the record: the networks' predicted variance averaged over the test points.
+        info = {"width": width, "selection": "a variance per network and point, learned with the mean"}
+        return Prediction(mean, var, n_div, float(np.mean(var)), info)
+
+    return Method("deep", ctx.layers, False, fit_deep)
 
 
 def grid_batch(cfg: UCIConfig, n_rows: int, in_dim: int, layers: int, grid_size: int,
@@ -380,7 +422,8 @@ def _sghmc_method(network: NetworkConfig, sghmc: SGHMCConfig, /, ctx: _Context) 
 
 
 class _Family(NamedTuple):
-    """A method family: its builder and the package modules its cells run (beside :data:`_COMMON_SOURCES`).
+    """A method family: its builder and the package modules its cells run (beside :data:`_COMMON_SOURCES`),
+    and the functions of this module its builder calls (their source enters the family's hash with its own).
 
     The builder's positional-only parameters are named after :class:`UCIConfig` fields and receive those
     fields' values -- nothing else of the configuration reaches it -- so the settings that decide a family's
@@ -388,12 +431,15 @@ class _Family(NamedTuple):
 
     build: Callable[..., Method]
     sources: tuple[str, ...]
+    calls: tuple[Callable[..., Any], ...] = ()
 
 
+_ENSEMBLE_SOURCES = ("ensemble/kernel.py", "ensemble/drivers.py", "ensemble/optimizers.py", "ensemble/sharding.py",
+                     "ensemble/lbfgs.py", "models.py", "perturb.py", "checks.py", "driver.py")
 _FAMILIES: dict[str, _Family] = {
-    "ensemble": _Family(_ensemble_method, (
-        "ensemble/kernel.py", "ensemble/drivers.py", "ensemble/optimizers.py", "ensemble/sharding.py",
-        "ensemble/lbfgs.py", "models.py", "perturb.py", "checks.py", "driver.py")),
+    "ensemble": _Family(_ensemble_method, _ENSEMBLE_SOURCES),
+    "plain": _Family(_plain_method, _ENSEMBLE_SOURCES, (_ensemble_method,)),
+    "deep": _Family(_deep_method, ("baselines/deep_ensemble.py",)),
     "gp": _Family(_gp_method, ("baselines/gp.py",)),
     "mcd": _Family(_mcd_method, ("baselines/dropout.py",)),
     "sghmc": _Family(_sghmc_method, ("samplers/sghmc.py", "samplers/_common.py", "models.py", "checks.py",
@@ -461,7 +507,7 @@ def _family_settings(cfg: UCIConfig, family: str) -> dict[str, Any]:
 def _family_hash(cfg: UCIConfig, family: str) -> str:
     fam = _FAMILIES[family]
     values = _family_settings(cfg, family)
-    code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _protocol, fam.build))
+    code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _protocol, fam.build, *fam.calls))
     blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + fam.sources), "code": code},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -678,6 +724,13 @@ def _parse_cells(text: str, where: str) -> list[dict[str, Any]]:
             rec: dict[str, Any] = dict(row)
             rec.update({k: int(row[k]) for k in _INT_FIELDS})
             rec.update({k: float(row[k]) for k in _FLOAT_FIELDS})
+            for k in harness.CALIBRATION_FIELDS:
+                if row.get(k) in (None, ""):
+                    rec.pop(k, None)  # a cell made before the calibration fields existed
+                elif k == "pit_counts":
+                    rec[k] = [int(c) for c in row[k].split()]
+                else:
+                    rec[k] = float(row[k])
             cell_of(rec)
         except ValueError as exc:
             raise ValueError(f"{where}, line {i}: {exc}") from exc
@@ -875,10 +928,15 @@ def method_id(record: Mapping[str, Any]) -> str:
 
 
 def _split_values(records: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple[str, str], dict[int, float]]:
-    """(dataset, method id) -> split -> value of ``metric``; a (dataset, split, method) twice is an error."""
-    col = METRICS[metric]
+    """(dataset, method id) -> split -> value of ``metric``; a (dataset, split, method) twice is an error; a
+    record without the metric's column (the CRPS of a cell made before it existed) is left out."""
+    if metric not in _PAIRED_COLUMNS:
+        raise ValueError(f"unknown metric {metric!r}: choose from {', '.join(_PAIRED_COLUMNS)}")
+    col = _PAIRED_COLUMNS[metric]
     out: dict[tuple[str, str], dict[int, float]] = {}
     for r in records:
+        if r.get(col) in (None, ""):
+            continue
         cell = out.setdefault((str(r["dataset"]), method_id(r)), {})
         s = int(r["split"])
         if s in cell:
@@ -1133,13 +1191,23 @@ def cell_device(record: Mapping[str, Any]) -> str:
 
 def cells_csv(records: list[dict[str, Any]]) -> str:
     """``cells.csv``: one row per dataset x split x method with the :data:`~bootens_core.repro.harness.CELL_FIELDS`
-    and ``device`` (:func:`cell_device`), so that a record extended later still says where each cell ran."""
+    and ``device`` (:func:`cell_device`), so that a record extended later still says where each cell ran, then
+    the :data:`~bootens_core.repro.harness.CALIBRATION_FIELDS` (empty for a cell made before they existed;
+    ``pit_counts`` as counts separated by spaces) -- when a record has them: a record none of whose cells has
+    them keeps the columns it was written with."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[*harness.CELL_FIELDS, "device"], extrasaction="ignore",
-                       lineterminator="\n")
+    calibrated = any(r.get(k) not in (None, "") for r in records for k in harness.CALIBRATION_FIELDS)
+    fields = [*harness.CELL_FIELDS, "device", *(harness.CALIBRATION_FIELDS if calibrated else ())]
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in records:
         row = {k: (f"{float(r[k]):.6g}" if isinstance(r[k], float) else r[k]) for k in harness.CELL_FIELDS}
+        for k in harness.CALIBRATION_FIELDS:
+            v = r.get(k)
+            if isinstance(v, list | tuple):
+                row[k] = " ".join(str(int(c)) for c in v)
+            elif v is not None and v != "":
+                row[k] = f"{float(v):.6g}"
         w.writerow({**row, "device": cell_device(r)})
     return buf.getvalue()
 
@@ -1313,6 +1381,29 @@ def _lbfgs_check(key: jax.Array, args: _StudyArgs) -> dict[str, Any]:
     }
 
 
+def deep_lr_check(
+    key: jax.Array,
+    cfg: UCIConfig,
+    *,
+    learning_rates: tuple[float, ...] = (0.1, 0.01),
+    datasets: tuple[str, ...] = ("boston", "yacht"),
+    splits: int = 3,
+) -> list[dict[str, Any]]:
+    """The deep-ensemble cells of ``datasets`` (first ``splits`` splits) at each Adam learning rate, every other
+    setting from ``cfg``: the evidence behind the harness's learning rate (their protocol as we read it says
+    0.1; ``UCIConfig.deep`` takes 0.01). The cells are computed (never read from a store) with the run's keys,
+    so the row of ``cfg.deep.lr`` repeats the run's own cells. Rows: ``lr`` and the cell record's fields."""
+    if not learning_rates or splits < 1:
+        raise ValueError("deep_lr_check needs at least one learning rate and one split")
+    rows = []
+    for lr in learning_rates:
+        c = dataclasses.replace(cfg, deep=dataclasses.replace(cfg.deep, lr=float(lr)))
+        for ds in datasets:
+            for s in range(min(int(splits), uci.PAPER_SPLITS[ds])):
+                rows.append({"lr": float(lr), **compute_cell(key, c, Cell(ds, s, "deep-1"))})
+    return rows
+
+
 def sghmc_step_study(
     key: jax.Array,
     cfg: UCIConfig,
@@ -1378,8 +1469,9 @@ def _sghmc_step_study(key: jax.Array, args: _StudyArgs) -> dict[str, Any]:
 # A run that fits a short device window: priority order, cost units, budget, shards, packs and folding them.
 
 # The order of :func:`priority`: method ids first (the paper's ensembles, the 4-layer column first; then MC
-# dropout and SGHMC; GP last), then datasets, largest training set first, then splits.
-PRIORITY_METHODS = ("ensemble-4", "ensemble-1", "mcd-4", "mcd-1", "sghmc-1", "gp")
+# dropout and SGHMC; GP; then the baselines beyond the paper's columns), then datasets, largest training set
+# first, then splits.
+PRIORITY_METHODS = ("ensemble-4", "ensemble-1", "mcd-4", "mcd-1", "sghmc-1", "gp", "deep-1", "plain-1", "plain-4")
 PRIORITY_DATASETS = ("protein", "naval", "power", "kin8nm", "wine", "concrete", "energy", "boston", "yacht")
 # (training rows, inputs) of every split of each dataset (the splits of a dataset have equal sizes; a test
 # checks these against the files).
@@ -1417,7 +1509,9 @@ def cost_units(method_id: str, dataset: str, cfg: UCIConfig) -> float:
     ``mcd``: that x the protocol's epochs (20 on Protein, else 40; the grid has 12 points everywhere);
     ``sghmc`` (minibatches): ``P`` x (gradient rows, ``restarts x (burn_in + thin x draws) x batch``, plus the
     rows the kept draws predict, ``restarts x draws x 0.2 n``); ``gp``: ``n^3`` (exact GPR) or
-    ``n x n_inducing^2`` (SVGP datasets). The particles, steps and grids are the same for every cell of a run.
+    ``n x n_inducing^2`` (SVGP datasets); ``plain`` as ``ensemble``; ``deep`` (minibatches, one pass over the
+    rows per epoch): ``n`` x ``P`` of its network (two outputs, its own width) x epochs. The particles, steps
+    and grids are the same for every cell of a run.
     """
     if dataset not in TRAIN_SHAPES:
         raise ValueError(f"unknown UCI dataset {dataset!r}")
@@ -1426,6 +1520,9 @@ def cost_units(method_id: str, dataset: str, cfg: UCIConfig) -> float:
     if family == "gp":
         return float(n) * cfg.gp.n_inducing**2 if dataset in cfg.gp.svgp_datasets else float(n) ** 3
     depth, w = max(int(layers or 1), 1), cfg.network.width
+    if family == "deep":
+        w = cfg.deep.width_large if dataset == "protein" else cfg.deep.width
+        return float(n) * ((d + 1) * w + (depth - 1) * (w + 1) * w + 2 * (w + 1)) * cfg.deep.epochs
     params = (d + 1) * w + (depth - 1) * (w + 1) * w + w + 1
     if family == "sghmc":
         steps = cfg.sghmc.restarts * (cfg.sghmc.burn_in + cfg.sghmc.thin * cfg.sghmc.draws)

@@ -1,9 +1,10 @@
-"""Tables 1-3's figures: every split's numbers beside the paper's, and the L-BFGS check."""
+"""Tables 1-3's figures: every split's numbers beside the paper's, the PIT histograms, and the L-BFGS check."""
 
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -14,14 +15,14 @@ from ... import plots
 from ...store import Result
 from . import experiment
 
-__all__ = ["splits", "lbfgs"]
+__all__ = ["splits", "lbfgs", "pit"]
 
 
 _METRICS = {"rmse": ("test_rmse", "test RMSE"), "mnll": ("test_mnll", "test MNLL"),
             "coverage95": ("coverage95", "95% interval coverage")}
 
 
-_METHOD_ORDER = ("ensemble-1", "ensemble-4", "mcd-1", "mcd-4", "sghmc-1", "gp")
+_METHOD_ORDER = ("ensemble-1", "ensemble-4", "mcd-1", "mcd-4", "sghmc-1", "gp", "plain-1", "plain-4", "deep-1")
 
 
 def _cells(result: Result) -> list[dict[str, Any]]:
@@ -155,5 +156,44 @@ def lbfgs(check: dict[str, Any]) -> Figure:
     ax2.set_xlabel("L-BFGS iteration")
     ax2.set_ylabel("|optax update − scipy H·g| / |scipy|")
     ax2.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@plots.styled
+def pit(records: Sequence[Mapping[str, Any]]) -> Figure:
+    """PIT histograms of every method's test predictive, pooled over the splits (cells with the calibration
+    fields only): one row per dataset, one panel per method. A calibrated predictive gives a flat histogram
+    (the dotted line, with the band of ±2 binomial standard deviations); a U shape is overconfidence, a hump
+    underconfidence, a slope a biased mean."""
+    groups: dict[tuple[str, str], np.ndarray] = {}
+    for r in records:
+        if r.get("pit_counts") in (None, "", []):
+            continue
+        key = (str(r["dataset"]), experiment.method_id(r))
+        groups[key] = groups.get(key, 0) + np.asarray(r["pit_counts"], float)
+    datasets = list(dict.fromkeys(d for d, _ in groups))
+    ids = [m for m in _METHOD_ORDER if any(m == mid for _, mid in groups)]
+    fig, axes = plt.subplots(len(datasets), len(ids), figsize=(1.55 * len(ids) + 0.4, 1.5 * len(datasets) + 0.5),
+                             squeeze=False, sharex=True)
+    for i, d in enumerate(datasets):
+        for j, m in enumerate(ids):
+            ax = axes[i, j]
+            counts = groups.get((d, m))
+            if counts is None:
+                ax.set_axis_off()
+                continue
+            bins = counts.size
+            share = counts / counts.sum()
+            ax.bar((np.arange(bins) + 0.5) / bins, share, width=1 / bins, color=plots.COLORS["particles"],
+                   edgecolor="white", lw=0.5)
+            band = 2 * np.sqrt((1 / bins) * (1 - 1 / bins) / counts.sum())
+            ax.axhspan(1 / bins - band, 1 / bins + band, color=plots.COLORS["prior"], alpha=0.2, lw=0)
+            ax.axhline(1 / bins, color=plots.COLORS["prior"], ls=":", lw=1)
+            ax.set_xlim(0, 1)
+            ax.set_yticks([])
+            ax.set_title(f"{d}: {m}" if j == 0 else m, fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("PIT", fontsize=7)
     fig.tight_layout()
     return fig

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ... import config, report
+from ... import config, harness, report
 from . import experiment
 from .config import UCIConfig
 
@@ -21,7 +21,7 @@ __all__ = [
     "PENDING", "TABLE1", "TABLES23", "table", "size", "evaluate", "coverage", "runs", "lbfgs_variants",
     "noise_selection", "sghmc_study", "SCALE_FIELDS", "paper_scale", "lbfgs_summary", "paired", "ranking",
     "claim", "published", "gaussian_mnll", "mnll_excess", "published_sources",
-    "repeats",
+    "repeats", "calibration", "LEVELS", "deep_lr",
 ]
 
 
@@ -29,6 +29,8 @@ __all__ = [
 _LABELS = {
     ("ensemble", 1): "Ensemble 1-layer", ("ensemble", 4): "Ensemble 4-layer", ("mcd", 1): "MCD 1-layer",
     ("mcd", 4): "MCD 4-layer", ("sghmc", 1): "SGHMC 1-layer", ("gp", 0): "GP",
+    # Beyond the paper's columns: the baselines a practitioner would use instead.
+    ("plain", 1): "Plain ensemble 1-layer", ("plain", 4): "Plain ensemble 4-layer", ("deep", 1): "Deep ensemble",
 }
 
 
@@ -323,14 +325,18 @@ def _label(method_id: str) -> str:
     return _LABELS[(family, int(layers) if layers else 0)]
 
 
-def paired(records: Sequence[Mapping[str, Any]], level: float = 0.05) -> pd.DataFrame:
+def paired(records: Sequence[Mapping[str, Any]], level: float = 0.05,
+           baselines: Sequence[str] = experiment.BASELINE_IDS,
+           metrics: Sequence[str] = ("rmse", "mnll")) -> pd.DataFrame:
     """Bootstrap ensembles against each baseline on the same splits
     (:func:`bootens_core.repro.experiments.uci.paired_comparisons`): per dataset, metric, ensemble and baseline the
     common splits, the mean over them of (ensemble − baseline) ± its SE over splits, the paired t (df) and
-    its two-sided p-value (``scipy.stats.ttest_rel``), and what the ensemble is at ``level``."""
+    its two-sided p-value (``scipy.stats.ttest_rel``), and what the ensemble is at ``level``. ``baselines``:
+    the paper's (MC dropout, SGHMC, GP) or :data:`~bootens_core.repro.experiments.uci.PRACTICE_IDS`;
+    ``metrics`` among ``rmse``, ``mnll``, ``coverage95`` and ``crps``."""
 
     rows = []
-    for r in experiment.paired_comparisons(records, level=level):
+    for r in experiment.paired_comparisons(records, baselines=baselines, metrics=metrics, level=level):
         ok = np.isfinite(r["se"])
         rows.append({
             "dataset": r["dataset"], "metric": r["metric"].upper(), "ensemble": _label(r["ensemble"]),
@@ -569,3 +575,59 @@ def published_sources() -> pd.DataFrame:
                     "±": {"SE": "SE", "SD": "SD", "unstated": "not stated"}[rs[0]["pm_convention"]],
                     "splits": text, "conversion": "; ".join(conv) or "none"})
     return pd.DataFrame(out).set_index("published column")
+
+
+# The nominal levels of the calibration table: the harness's and the tables' 95%.
+LEVELS = (*harness.CALIBRATION_LEVELS, 0.95)
+
+
+def calibration(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Calibration of every method's test predictive, per dataset (cells with the calibration fields only):
+    the coverage of the central interval at each nominal level of :data:`LEVELS` (mean over splits; a
+    calibrated predictive covers the level's share, overconfident ones less), the CRPS (mean ± SE over
+    splits, label units, lower is better) and the PIT histogram pooled over the splits tested for uniformity
+    (Pearson's chi-square, ``p``; a small p: the PIT values are not uniform)."""
+    from scipy.stats import chisquare
+
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("pit_counts") in (None, "", []):
+            continue
+        groups.setdefault((str(r["dataset"]), experiment.method_id(r)), []).append(r)
+    rows = []
+    order = {m: i for i, m in enumerate(("ensemble-1", "ensemble-4", "mcd-1", "mcd-4", "sghmc-1", "gp",
+                                         *experiment.PRACTICE_IDS))}
+    for (ds, mid), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
+        crps = np.asarray([float(r["test_crps"]) for r in recs])
+        pooled = np.sum([np.asarray(r["pit_counts"], int) for r in recs], axis=0)
+        row: dict[str, Any] = {"dataset": ds, "method": _label(mid), "splits": len(recs)}
+        for lv in LEVELS:
+            col = f"coverage{round(100 * lv)}"
+            row[f"{round(100 * lv)}%"] = f"{np.mean([float(r[col]) for r in recs]):.2f}"
+        se = np.std(crps, ddof=1) / np.sqrt(crps.size) if crps.size > 1 else float("nan")
+        row["CRPS"] = f"{report.sig(float(np.mean(crps)))} ± {report.sig(float(se), 2)}" if np.isfinite(se) \
+            else report.sig(float(np.mean(crps)))
+        row["PIT uniform, p"] = f"{chisquare(pooled).pvalue:.2g}"
+        rows.append(row)
+    cols = ["dataset", "method", "splits", *(f"{round(100 * lv)}%" for lv in LEVELS), "CRPS", "PIT uniform, p"]
+    return pd.DataFrame(rows, columns=cols).set_index(["dataset", "method"])
+
+
+def deep_lr(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The deep-ensemble learning-rate check (:func:`bootens_core.repro.experiments.uci.deep_lr_check`): per
+    Adam learning rate and dataset, the test RMSE and MNLL (mean ± SE over the splits), the worst split's RMSE
+    and how many networks diverged."""
+    groups: dict[tuple[float, str], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((float(r["lr"]), str(r["dataset"])), []).append(r)
+    out = []
+    for (lr, ds), recs in groups.items():
+        entry: dict[str, Any] = {"Adam learning rate": f"{lr:g}", "dataset": ds, "splits": len(recs)}
+        for metric, col in (("RMSE", "test_rmse"), ("MNLL", "test_mnll")):
+            v = np.asarray([float(r[col]) for r in recs])
+            se = np.std(v, ddof=1) / np.sqrt(v.size) if v.size > 1 else float("nan")
+            entry[metric] = report.pm(float(np.mean(v)), float(se)) if np.isfinite(se) else report.sig(np.mean(v))
+        entry["worst split RMSE"] = report.sig(max(float(r["test_rmse"]) for r in recs))
+        entry["networks diverged"] = int(sum(int(r["diverged_particles"]) for r in recs))
+        out.append(entry)
+    return pd.DataFrame(out).set_index(["Adam learning rate", "dataset"])

@@ -5,6 +5,8 @@ the other cells), provenance of new cell records, and packs folded back into a r
 from __future__ import annotations
 
 import collections
+import csv
+import io
 import dataclasses
 import json
 import os
@@ -59,10 +61,11 @@ class FakeClock:
 
 def test_priority_order_of_the_paper_cells():
     order = uci.priority(uci.cells(UCIConfig.paper()))
-    assert sorted(order) == sorted(uci.cells(UCIConfig.paper())) and len(order) == 6 * (8 * 10 + 5)
-    # method blocks: ensembles (4 layers first), then MC dropout, SGHMC, GP last
+    assert sorted(order) == sorted(uci.cells(UCIConfig.paper())) and len(order) == 9 * (8 * 10 + 5)
+    # method blocks: ensembles (4 layers first), then MC dropout, SGHMC, GP; the baselines beyond the paper's
+    # columns last
     blocks = list(dict.fromkeys(c.method for c in order))
-    assert blocks == ["ensemble-4", "ensemble-1", "mcd-4", "mcd-1", "sghmc-1", "gp"]
+    assert blocks == ["ensemble-4", "ensemble-1", "mcd-4", "mcd-1", "sghmc-1", "gp", "deep-1", "plain-1", "plain-4"]
     # within a method: protein, naval, power, kin8nm, then the rest by decreasing training size; splits
     # ascending
     e4 = [c for c in order if c.method == "ensemble-4"]
@@ -71,7 +74,7 @@ def test_priority_order_of_the_paper_cells():
     rest = list(uci.PRIORITY_DATASETS[4:])
     assert rest == sorted(rest, key=lambda d: -uci.TRAIN_SHAPES[d][0])
     assert [c.split for c in e4[:5]] == [0, 1, 2, 3, 4] and e4[5] == Cell("naval", 0, "ensemble-4")
-    assert order[0] == Cell("protein", 0, "ensemble-4") and order[-1] == Cell("yacht", 9, "gp")
+    assert order[0] == Cell("protein", 0, "ensemble-4") and order[-1] == Cell("yacht", 9, "plain-4")
 
 
 @needs_mirror
@@ -574,8 +577,13 @@ def test_fold_keeps_the_records_own_cells(blocked_run, tmp_path, monkeypatch, ca
     assert prov["cell_devices"] == {DEVICE: 3, "another GPU": 1}  # a kept row keeps its device
     assert [r["device"] for r in uci.record_cells(into)].count("another GPU") == 1
     # A record written before cells.csv had the device column: its kept rows are "not recorded".
-    lines = table.read_text().splitlines()
-    table.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")
+    rows_before = list(csv.DictReader(io.StringIO(table.read_text())))
+    kept_fields = [f for f in rows_before[0] if f != "device"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=kept_fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows_before)
+    table.write_text(buf.getvalue())
     monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache-3"))
     assert cli.main(argv) == 0
     capsys.readouterr()

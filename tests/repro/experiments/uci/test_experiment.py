@@ -20,13 +20,13 @@ import jax
 import numpy as np
 import pytest
 
-from bootens_core.repro import cli, config, store
+from bootens_core.repro import cli, config, harness, store
 from bootens_core.repro.config import LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig
 from bootens_core.repro.experiments.uci.config import UCI_DATASETS, UCI_METHODS
 from bootens_core.repro.experiments.uci.config import UCIConfig
 from bootens_core.repro.experiments import uci as experiment
 from bootens_core.repro.experiments.uci import experiment as uci_experiment
-from bootens_core.repro.harness import CELL_FIELDS
+from bootens_core.repro.harness import CELL_FIELDS, Cell
 
 _SHARED = Path(__file__).resolve().parents[4].parent / "shared"
 PAPER_CSV = _SHARED / "paper" / "paper_uci_tables.csv"
@@ -285,7 +285,8 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
             + summary["cells_failed"] + summary["cells_too_few"]) == 2
 
     cells = list(csv.DictReader(io.StringIO((out / "uci" / "cells.csv").read_text())))
-    assert len(cells) == 1 and list(cells[0]) == [*CELL_FIELDS, "device"]
+    assert len(cells) == 1 and list(cells[0]) == [*CELL_FIELDS, "device", *harness.CALIBRATION_FIELDS]
+    assert sum(int(c) for c in cells[0]["pit_counts"].split()) == 31  # Yacht's test rows, one PIT value each
     assert cells[0]["device"] == jax.devices()[0].device_kind  # where the cell ran
     assert (cells[0]["dataset"], cells[0]["split"], cells[0]["method"]) == ("yacht", "0", "ensemble")
     assert float(cells[0]["noise_var_std_units"]) in (0.01, 0.1)
@@ -337,10 +338,10 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
     assert p0 == paths(UCIConfig(datasets=("boston",), methods=("gp",), max_splits=2, workers=2))
     assert p0 == paths(UCIConfig(workers=0))
     # a family's own setting moves only that family's cells
-    for name, value, families in (("n_particles", 7, ("ensemble",)), ("gp.n_inducing", 50, ("gp",)),
+    for name, value, families in (("n_particles", 7, ("ensemble", "plain")), ("gp.n_inducing", 50, ("gp",)),
                                   ("mcd.samples", 9, ("mcd",)), ("sghmc.lr", 0.1, ("sghmc",)),
-                                  ("lbfgs.memory", 5, ("ensemble",)),
-                                  ("network.width", 7, ("ensemble", "mcd", "sghmc"))):
+                                  ("lbfgs.memory", 5, ("ensemble", "plain")), ("deep.lr", 0.001, ("deep",)),
+                                  ("network.width", 7, ("ensemble", "mcd", "sghmc", "plain"))):
         p = paths(config.replace(base, name, value))
         moved = {m for m in UCI_METHODS if p[m] != p0[m]}
         assert moved == {m for m in UCI_METHODS if m.startswith(families)}, name
@@ -353,7 +354,7 @@ def test_cell_store_paths_follow_only_their_family(tmp_path):
         knob: int = 0
 
     off, on = (paths(dataclasses.replace(base, lbfgs=LBFGSWithKnob(knob=v))) for v in (0, 1))
-    assert {m for m in UCI_METHODS if on[m] != off[m]} == {"ensemble-1", "ensemble-4"}
+    assert {m for m in UCI_METHODS if on[m] != off[m]} == {"ensemble-1", "ensemble-4", "plain-1", "plain-4"}
     # the run's key chooses the root
     assert experiment.store_dir(jax.random.key(0), base) != experiment.store_dir(jax.random.key(1), base)
 
@@ -364,7 +365,7 @@ def test_each_family_is_keyed_by_the_settings_its_builder_receives():
     fields = {f.name for f in dataclasses.fields(UCIConfig)}
     names = {f: uci_experiment._setting_names(f) for f in uci_experiment._FAMILIES}
     assert names == {"ensemble": ("network", "lbfgs", "n_particles"), "gp": ("gp",), "mcd": ("network", "mcd"),
-                     "sghmc": ("network", "sghmc")}
+                     "sghmc": ("network", "sghmc"), "plain": ("network", "lbfgs", "n_particles"), "deep": ("deep",)}
     assert all(set(v) <= fields for v in names.values())
     cfg = UCIConfig.paper()
     ens = experiment.settings(cfg, ["ensemble-1"])
@@ -492,3 +493,71 @@ def test_workers_zero_runs_a_cell_per_usable_core_at_most_two(monkeypatch):
         experiment.run(jax.random.key(0), UCIConfig(datasets=("yacht",), methods=("gp",), max_splits=1, workers=0))
     assert seen == [1]
 
+
+
+def test_plain_ensemble_is_the_unperturbed_training_of_the_same_particles():
+    """plain-1 trains the ensembles' particles on the MAP loss with neither labels nor prior perturbed:
+    exactly ensemble.train with both perturbations off, and not the bootstrap ensemble's particles."""
+    from bootens_core import ensemble, models
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    cfg = config.replace(config.replace(UCIConfig(n_particles=4), "lbfgs.steps", 2), "lbfgs.iters_per_step", 5)
+    key = jax.random.key(3)
+    plain = experiment.method("plain-1", cfg, "boston", 3).fit(key, x, y, x[:7], 0.1)
+    boot = experiment.method("ensemble-1", cfg, "boston", 3).fit(key, x, y, x[:7], 0.1)
+    model = models.mlp(3, (cfg.network.width,), "relu", weight_var=cfg.network.weight_var,
+                       bias_var=cfg.network.bias_var, scale_by_fan_in=cfg.network.scale_by_fan_in)
+    opt = experiment.ensemble_optimizer(cfg)
+    res = ensemble.train(key, model, x, y, noise_var=0.1, n_particles=4, opt=opt, steps=opt.steps_for(10),
+                         perturb_labels=False, perturb_prior=False, on_diverged="report",
+                         dtype=jax.numpy.dtype(cfg.network.dtype))
+    want = np.asarray(models.predict(model, res.params, jax.numpy.asarray(x[:7], cfg.network.dtype)), np.float64)
+    np.testing.assert_array_equal(plain.f, want)
+    assert plain.f.shape == (4, 7) and not np.allclose(plain.f, boot.f)
+    assert experiment.method("plain-1", cfg, "boston", 3).id == "plain-1"
+
+
+def test_deep_ensemble_method_is_the_baselines_fit_with_a_variance_per_network_and_point():
+    from bootens_core.baselines import deep_ensemble
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(60, 3)), rng.normal(size=60)
+    cfg = UCIConfig()
+    assert cfg.deep.lr == 0.01 and cfg.deep.n_networks == 5  # the harness's deviation: 0.01, not 0.1
+    key = jax.random.key(4)
+    m = experiment.method("deep-1", cfg, "boston", 3)
+    assert (m.id, m.select_noise) == ("deep-1", False)  # learns its variance: no sigma^2 grid
+    pred = m.fit(key, x, y, x[:9], None)
+    ens = deep_ensemble.fit(key, x, y, hidden=(50,), n_networks=5, epochs=40, batch_size=100, lr=0.01,
+                            adversarial_eps=0.01)
+    mu, var = deep_ensemble.predict(ens, x[:9])
+    np.testing.assert_array_equal(pred.f, mu)
+    np.testing.assert_array_equal(pred.var, var)
+    assert pred.f.shape == pred.var.shape == (5, 9) and pred.noise_var == pytest.approx(float(np.mean(var)))
+    assert pred.info["width"] == 50
+    assert experiment.method("deep-1", cfg, "protein", 9).fit(key, x[:, :3].repeat(3, 1), y, x[:2].repeat(3, 1),
+                                                              None).info["width"] == 100
+    # the cost of a cell grows with rows x the network's parameters x epochs
+    assert experiment.cost_units("deep-1", "protein", cfg) / experiment.cost_units("deep-1", "boston", cfg) == \
+        pytest.approx(41157 * (10 * 100 + 2 * 101) / (455 * (14 * 50 + 2 * 51)))
+
+
+def test_deep_lr_check_runs_the_cells_at_each_learning_rate(monkeypatch):
+    calls = []
+
+    def fake_cell(key, cfg, cell):
+        calls.append((cfg.deep.lr, cell))
+        return {"dataset": cell.dataset, "split": cell.split, "test_rmse": 100 * cfg.deep.lr + cell.split,
+                "test_mnll": 1.0, "diverged_particles": int(cfg.deep.lr > 0.05)}
+
+    monkeypatch.setattr(uci_experiment, "compute_cell", fake_cell)
+    rows = experiment.deep_lr_check(jax.random.key(0), UCIConfig(), learning_rates=(0.1, 0.01),
+                                    datasets=("yacht",), splits=3)
+    assert [c for _, c in calls] == [Cell("yacht", s, "deep-1") for s in range(3)] * 2
+    assert [lr for lr, _ in calls] == [0.1] * 3 + [0.01] * 3 and [r["lr"] for r in rows] == [0.1] * 3 + [0.01] * 3
+    t = experiment.verdicts.deep_lr(rows)
+    assert t.loc[("0.1", "yacht"), "RMSE"] == "11.00 ± 0.58" and t.loc[("0.1", "yacht"), "networks diverged"] == 3
+    assert t.loc[("0.01", "yacht"), "worst split RMSE"] == "3.00"
+    with pytest.raises(ValueError, match="at least one learning rate"):
+        experiment.deep_lr_check(jax.random.key(0), UCIConfig(), learning_rates=())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import matplotlib.pyplot as plt
+import pytest
 from matplotlib.figure import Figure
 
 from bootens_core.repro.experiments import uci
@@ -58,3 +59,19 @@ def test_uci_lbfgs_figure():
     assert len(fig.axes) == 2
     assert fig.axes[0].get_yscale() == "log" and fig.axes[1].get_yscale() == "log"
     assert render(fig).startswith(b"\x89PNG")
+
+
+def test_uci_pit_figure_one_panel_per_dataset_and_method():
+    recs = []
+    for ds in ("boston", "yacht"):
+        for meth, layers in (("ensemble", 1), ("deep", 1)):
+            for s in range(2):
+                recs.append({"dataset": ds, "method": meth, "hidden_layers": layers, "split": s,
+                             "pit_counts": [s + 1] * 10})
+    recs.append({"dataset": "yacht", "method": "gp", "hidden_layers": 0, "split": 0})  # no calibration fields
+    fig = uci.figures.pit(recs)
+    axes = fig.axes
+    assert len(axes) == 4
+    assert [ax.get_title() for ax in axes] == ["boston: ensemble-1", "deep-1", "yacht: ensemble-1", "deep-1"]
+    heights = [p.get_height() for p in axes[0].containers[0]]
+    assert heights == pytest.approx([0.1] * 10)  # pooled shares

@@ -346,3 +346,45 @@ def test_uci_mnll_excess_paper_and_ours():
     assert "GP: paper 5 above, 0 below of 8, ours 0 above, 0 below of 1" in str(text)
     assert "Ensemble 1-layer: paper" in str(text) and "ours 1 above, 0 below of 1" in str(text)
     assert "Ensemble 4-layer: paper 2 above, 1 below of 8, ours not run" in str(text)
+
+
+def _calibrated(ds, meth, layers, split, crps, coverages, pit):
+    rec = {"dataset": ds, "method": meth, "hidden_layers": layers, "split": split, "test_rmse": 1.0 + split,
+           "test_mnll": 2.0, "coverage95": coverages[-1], "test_crps": crps, "pit_counts": pit,
+           "wall_s": 1.0, "diverged_particles": 0}
+    rec.update({f"coverage{round(100 * lv)}": c for lv, c in zip(uci.verdicts.LEVELS[:-1], coverages[:-1])})
+    return rec
+
+
+def test_calibration_table_pools_the_pit_counts_and_averages_coverage():
+    from scipy import stats
+
+    flat, u_shape = [5, 5, 5, 5, 5, 5, 5, 5, 5, 5], [12, 6, 3, 2, 1, 1, 2, 3, 8, 12]
+    recs = [_calibrated("boston", "ensemble", 1, s, 1.0 + s, [0.5, 0.6, 0.7, 0.8, 0.9, 0.95], flat)
+            for s in range(3)]
+    recs += [_calibrated("boston", "deep", 1, s, 2.0, [0.3, 0.4, 0.5, 0.6, 0.7, 0.8 + 0.04 * s], u_shape)
+             for s in range(2)]
+    recs.append({"dataset": "boston", "method": "gp", "hidden_layers": 0, "split": 0, "test_rmse": 1.0,
+                 "test_mnll": 1.0, "coverage95": 0.9})  # a cell made before the calibration fields: left out
+    t = uci.verdicts.calibration(recs)
+    assert list(t.index) == [("boston", "Ensemble 1-layer"), ("boston", "Deep ensemble")]
+    assert list(t.columns) == ["splits", "50%", "60%", "70%", "80%", "90%", "95%", "CRPS", "PIT uniform, p"]
+    ens, deep = t.loc[("boston", "Ensemble 1-layer")], t.loc[("boston", "Deep ensemble")]
+    assert ens["splits"] == 3 and ens["50%"] == "0.50" and ens["95%"] == "0.95"
+    assert ens["CRPS"] == "2.00 ± 0.58"  # mean of 1, 2, 3 and SD 1 / sqrt(3)
+    assert ens["PIT uniform, p"] == "1"  # flat pooled counts
+    assert deep["95%"] == "0.82" and deep["CRPS"] == "2.00 ± 0"
+    assert deep["PIT uniform, p"] == f"{stats.chisquare(np.asarray(u_shape) * 2).pvalue:.2g}"
+
+
+def test_paired_against_the_practitioners_baselines_on_the_crps():
+    recs = [_calibrated("yacht", "ensemble", 1, s, 1.0 + 0.1 * s, [0.5] * 6, [1] * 10) for s in range(4)]
+    recs += [_calibrated("yacht", "plain", 1, s, 1.5 + 0.1 * s + 0.01 * (s % 2), [0.5] * 6, [1] * 10)
+             for s in range(4)]
+    t = uci.verdicts.paired(recs, baselines=uci.PRACTICE_IDS, metrics=("crps",))
+    row = t.loc[("yacht", "CRPS", "Ensemble 1-layer", "Plain ensemble 1-layer")]
+    assert row["ensemble is"] == "better" and row["splits"] == 4
+    # the paper's baselines are not the practitioners': no pair with them here
+    assert uci.verdicts.paired(recs, metrics=("crps",)).empty
+    with pytest.raises(ValueError, match="unknown metric"):
+        uci.verdicts.paired(recs, metrics=("mae",))
