@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ....estimators import NOISE_GRID
+from ...config import DeepEnsembleConfig
 
 __all__ = ["PracticeConfig"]
 
@@ -18,7 +19,8 @@ class PracticeConfig:
     ``N(0, 1)``, L-BFGS for ``steps`` steps, ``sigma^2`` selected from ``noise_grid`` on held-out MNLL) and
     ``n_particles`` particles; its first ``k`` particles for each ``k`` of ``ks`` are the ``k``-particle
     ensemble. The same data train the alternatives compared with it (``compare_particles`` particles each):
-    the plain ensemble (no perturbation) and the paper's unscaled prior ``N(0, 1)``. ``stop_steps``: the
+    the plain ensemble (no perturbation) and the paper's unscaled prior ``N(0, 1)``; and deep ensembles
+    (``deep``: the UCI harness's settings, Adam's learning rate 0.01). ``stop_steps``: the
     steps at which the particles of a run with the selected ``sigma^2`` are scored on the test rows.
     """
 
@@ -36,6 +38,7 @@ class PracticeConfig:
     # The margin of "as good as" (particles, steps): a test MNLL higher by less than this many nats per test
     # point, i.e. predictive densities within about 2% of each other.
     mnll_margin: float = 0.02
+    deep: DeepEnsembleConfig = DeepEnsembleConfig(lr=0.01)
 
     @classmethod
     def quick(cls) -> PracticeConfig:

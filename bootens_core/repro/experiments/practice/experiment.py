@@ -2,9 +2,10 @@
 calibration.
 
 Every split fits :class:`~bootens_core.estimators.BootstrapEnsembleRegressor` as a user would (defaults,
-``noise_var="auto"``) and scores it on the held-out rows in the labels' units; the plain ensemble and the
-paper's unscaled prior are fitted on the same rows for paired comparisons, and one more run of the same
-ensemble keeps its particles at ``stop_steps`` to show what stopping earlier would have given.
+``noise_var="auto"``) and scores it on the held-out rows in the labels' units; the plain ensemble, the
+paper's unscaled prior and deep ensembles (:mod:`bootens_core.baselines.deep_ensemble`) are fitted on the same
+rows for paired comparisons, and one more run of the same ensemble keeps its particles at ``stop_steps`` to
+show what stopping earlier would have given.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ DESCRIPTION = "Bootstrap ensembles on one's own data: particles, noise variance,
 ARTEFACTS = ("guidance beyond the paper",)
 Config = PracticeConfig
 #: The fits compared on every split: the bootstrap ensemble (the estimator's defaults), the plain ensemble
-#: (``perturb=False``) and the bootstrap ensemble with the paper's unscaled prior ``N(0, 1)``.
-METHODS = ("bootstrap", "plain", "prior N(0, 1)")
+#: (``perturb=False``), the bootstrap ensemble with the paper's unscaled prior ``N(0, 1)`` and deep ensembles
+#: (``PracticeConfig.deep``: 5 networks that learn a variance each, the UCI harness's settings).
+METHODS = ("bootstrap", "plain", "prior N(0, 1)", "deep ensemble")
 _METRICS = ("rmse", "mnll", "coverage90", "crps", "fit_s")
 
 
@@ -47,9 +49,9 @@ class Summary(store.TypedSummary):
     split's PIT histogram (the figure pools every split's). ``stop_step``: the first of ``stop_steps`` whose
     test MNLL is shown to exceed the last one's by less than ``mnll_margin``. ``stuck``: particles whose final
     objective lies more than 5 robust standard deviations above the median of their ensemble's, over all
-    splits. ``compare``: for the plain ensemble and the unscaled prior, the paired comparison with the
-    bootstrap ensemble per metric (:func:`resampled_paired`, ``diff`` = other minus bootstrap). ``means``:
-    each method's mean per metric.
+    splits. ``compare``: for the plain ensemble, the unscaled prior and deep ensembles, the paired comparison
+    with the bootstrap ensemble per metric (:func:`resampled_paired`, ``diff`` = other minus bootstrap).
+    ``means``: each method's mean per metric.
     """
 
     n_splits: int
@@ -116,7 +118,8 @@ def stuck_particles(final_loss: np.ndarray, threshold: float = 5.0) -> np.ndarra
     return (v - med) / scale > threshold
 
 
-def _scores(y: np.ndarray, f: np.ndarray, noise_var: float, levels: tuple[float, ...]) -> dict[str, object]:
+def _scores(y: np.ndarray, f: np.ndarray, noise_var: float | np.ndarray,
+            levels: tuple[float, ...]) -> dict[str, object]:
     return {
         "rmse": metrics.rmse(y, f.mean(0)),
         "mnll": metrics.mixture_mnll(y, f, noise_var),
@@ -179,6 +182,12 @@ def _compute(key: jax.Array, cfg: PracticeConfig, progress: bool):
             seconds = time.perf_counter() - start
             sc = _scores(y[te], other.predict_particles(x[te]), other.noise_var_, cfg.levels)
             method[s, j] = [sc[m] for m in _METRICS[:-1]] + [seconds]
+        start = time.perf_counter()
+        f_deep, var_deep = _deep_ensemble(jax.random.fold_in(jax.random.fold_in(key, s), len(METHODS)),
+                                          x[tr], y[tr], x[te], cfg)
+        seconds = time.perf_counter() - start
+        sc = _scores(y[te], f_deep, var_deep, cfg.levels)
+        method[s, len(METHODS) - 1] = [sc[m] for m in _METRICS[:-1]] + [seconds]
         by_step[s] = _stopped_early(k_stop, est, x[tr], y[tr], x[te], y[te], cfg)
     pit = metrics.pit_histogram(np.concatenate(pooled_y), np.concatenate(pooled_f, axis=1),
                                 np.concatenate(pooled_var), cfg.pit_bins)
@@ -186,6 +195,22 @@ def _compute(key: jax.Array, cfg: PracticeConfig, progress: bool):
     pit_p = metrics.pit_histogram(pooled_y[0], pooled_f[0], pooled_var[0], cfg.pit_bins).p_value
     return _summarise(cfg, by_k, by_step, method, coverage, val_mnll, selected, final_loss, loss_median,
                       loss_q, pit, float(pit_p), n_test)
+
+
+def _deep_ensemble(key: jax.Array, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray,
+                   cfg: PracticeConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Deep ensembles on the training rows (inputs and labels standardised with their statistics, as the
+    estimator does): the networks' means and variances at the test rows, in the labels' units."""
+    from ....baselines import deep_ensemble
+
+    xm, xs = x_tr.mean(0), x_tr.std(0)
+    xs = np.where(xs > 0, xs, 1.0)
+    ym, ys = float(y_tr.mean()), float(y_tr.std())
+    d = cfg.deep
+    ens = deep_ensemble.fit(key, (x_tr - xm) / xs, (y_tr - ym) / ys, hidden=(d.width,), n_networks=d.n_networks,
+                            epochs=d.epochs, batch_size=d.batch_size, lr=d.lr, adversarial_eps=d.adversarial_eps)
+    mu, var = deep_ensemble.predict(ens, (x_te - xm) / xs)
+    return ym + ys * np.asarray(mu, float), ys**2 * np.asarray(var, float)
 
 
 def _stopped_early(key: jax.Array, est: BootstrapEnsembleRegressor, x_tr: np.ndarray, y_tr: np.ndarray,

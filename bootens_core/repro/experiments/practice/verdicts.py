@@ -61,7 +61,7 @@ def comparison_table(s: Summary | dict[str, Any]) -> pd.DataFrame:
     t-test's p; the verdict says lower or higher, which is better depending on the metric)."""
     s = summary_dict(s)
     rows = []
-    for name in METHODS:
+    for name in [m for m in METHODS if m in s["means"]]:  # a record made before deep ensembles joined lacks them
         for metric, mean in s["means"][name].items():
             row = {"method": name, "metric": metric, "mean": mean}
             if name != METHODS[0]:

@@ -447,7 +447,8 @@ def published(*ours: dict[str, Any]) -> pd.DataFrame:
     if ours:
         mine = {(r["dataset"], r["metric"].upper(), r["method"], int(r["hidden_layers"])): r
                 for s in ours for r in s["rows"] if r["metric"] in ("rmse", "mnll")}
-        sources += [(f"ours: {_LABELS[(meth, layers)]}", (meth, layers)) for meth, layers in TABLES23
+        sources += [(f"ours: {_LABELS[(meth, layers)]}", (meth, layers))
+                    for meth, layers in (*TABLES23, ("plain", 1), ("plain", 4), ("deep", 1))
                     if any(k[2:] == (meth, layers) for k in mine)]
 
     def entry(d: str, label: str, method: tuple[str, int] | None, metric: str) -> str:

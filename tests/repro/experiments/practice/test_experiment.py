@@ -115,3 +115,38 @@ def test_chapter_run_has_the_contract(chapter):
         assert set(s.compare[name]) == {"rmse", "mnll", "coverage90", "crps", "fit_s"}
     table = practice.verdicts.guidance_table(s)
     assert list(table.index) == ["particles", "noise variance", "steps", "stuck particles", "calibration"]
+
+
+def test_comparison_table_shows_the_methods_a_summary_holds():
+    c = {"diff": 1.0, "se": 0.5, "p": 0.1, "verdict": "no significant difference"}
+    metrics = ("rmse", "mnll")
+    old = {"means": {name: {m: 1.0 for m in metrics} for name in practice.METHODS[:3]},
+           "compare": {name: {m: c for m in metrics} for name in practice.METHODS[1:3]}}
+    table = practice.verdicts.comparison_table(old)  # a record made before deep ensembles joined
+    assert set(table.index.get_level_values("method")) == set(practice.METHODS[:3])
+    new = {"means": {**old["means"], "deep ensemble": {m: 2.0 for m in metrics}},
+           "compare": {**old["compare"], "deep ensemble": {m: c for m in metrics}}}
+    table = practice.verdicts.comparison_table(new)
+    assert table.loc[("rmse", "deep ensemble"), "mean"] == 2.0
+    assert table.loc[("mnll", "deep ensemble"), "corrected paired t-test"] == "no significant difference"
+
+
+def test_deep_ensemble_arm_is_the_baseline_on_standardised_rows_in_label_units():
+    import jax
+
+    from bootens_core.baselines import deep_ensemble
+    from bootens_core.repro.experiments.practice.experiment import _deep_ensemble
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, size=(80, 2))
+    x[:, 1] = 5.0  # a constant column: scaled by 1, as the estimator does
+    y = 10 + 4 * x[:, 0] + rng.normal(size=80)
+    key = jax.random.key(2)
+    f, var = _deep_ensemble(key, x[:60], y[:60], x[60:], CFG)
+    xm, xs = x[:60].mean(0), np.array([x[:60, 0].std(), 1.0])
+    ens = deep_ensemble.fit(key, (x[:60] - xm) / xs, (y[:60] - y[:60].mean()) / y[:60].std(), hidden=(50,),
+                            n_networks=5, epochs=40, batch_size=100, lr=0.01, adversarial_eps=0.01)
+    mu, v = deep_ensemble.predict(ens, (x[60:] - xm) / xs)
+    np.testing.assert_allclose(f, y[:60].mean() + y[:60].std() * mu, rtol=1e-12)
+    np.testing.assert_allclose(var, y[:60].var() * v, rtol=1e-12)
+    assert f.shape == var.shape == (5, 20)
