@@ -8,8 +8,10 @@ the mean over the grid of |difference| of the mean probability of class 1 and of
 reference against itself (half of its chains vs the other half) gives the statistics' noise floor.
 
 Real part: datasets shipped with scikit-learn, stratified splits; the bootstrap ensemble, the plain
-ensemble and MC dropout (softmax cross-entropy, dropout rate chosen on validation rows); accuracy, MNLL of the
-predictive (mean of the members' probabilities) and ECE with reliability diagrams.
+ensemble, MC dropout (softmax cross-entropy, dropout rate chosen on validation rows) and the deep ensemble
+(:mod:`bootens_core.baselines.deep_ensemble`: softmax cross-entropy with adversarial training, independent
+networks); accuracy, MNLL of the predictive (mean of the members' probabilities) and ECE with reliability
+diagrams.
 """
 
 from __future__ import annotations
@@ -22,20 +24,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from .... import classification, ensemble, samplers, metrics, models
-from ....baselines import dropout
+from ....baselines import deep_ensemble, dropout
 from ... import store
 from ...config import require_x64
 from .config import ClassificationConfig
 from ....data import synthetic, tabular
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "Summary", "run", "agreement"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run", "agreement"]
 
 NAME = "classification"
 DESCRIPTION = "Dirichlet latent regression + Algorithm 1 vs NUTS (1-D), and real data with ECE"
 ARTEFACTS = ("Appendix classification figure",)
 Config = ClassificationConfig
-METHODS = ("bootstrap", "plain", "mcd")
-METHOD_LABELS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout"}
+METHODS = ("bootstrap", "plain", "mcd", "deep")
+METHOD_LABELS = {"bootstrap": "Bootstrap ensemble", "plain": "Plain ensemble", "mcd": "MC dropout",
+                 "deep": "Deep ensemble"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Summary(store.TypedSummary):
     (``reference_split_*``), its diagnostics (``rhat_*``, ``ess_bulk_min``, ``nuts_*``), the ``alpha_eps`` study
     (statistics per value, and the value with the smallest band difference, None without a study) and the
     setting. Real part: ``real``, per dataset the splits' metrics of each method (a nested dict read by
-    :mod:`.verdicts`), and its setting (``real_*``, ``ece_bins``).
+    :mod:`.verdicts`), and its setting (``real_*``, ``ece_bins``, ``deep_ensemble``: the deep ensemble's).
     """
 
     OPTIONAL = (("alpha_eps_best_band_mad",),)
@@ -81,6 +84,7 @@ class Summary(store.TypedSummary):
     real_optimizer: str
     ece_bins: int
     real_particles: int
+    deep_ensemble: str
     alpha_eps_best_band_mad: float | None = None
 
 
@@ -270,6 +274,26 @@ def _mcd(key: jax.Array, cfg: ClassificationConfig, s: tabular.ClassificationSpl
     return _mcd_probs(k_test, final, s.x_test, best, cfg.mcd.samples), best
 
 
+def _deep(key: jax.Array, cfg: ClassificationConfig, s: tabular.ClassificationSplit) -> tuple[np.ndarray, int]:
+    """A deep ensemble fitted on the training rows: the mean of its networks' softmax on the test rows (float64),
+    and how many networks diverged (left out of the mean)."""
+    d = cfg.deep
+    ens = deep_ensemble.fit(
+        key, s.x_train, s.y_train, hidden=(d.width,), n_networks=d.n_networks, epochs=d.epochs,
+        batch_size=d.batch_size, lr=d.lr, adversarial_eps=d.adversarial_eps, likelihood="categorical",
+        n_classes=s.n_classes, dtype=jnp.dtype(cfg.real_dtype),
+    )
+    probs = deep_ensemble.predict_proba(ens, s.x_test)
+    return np.asarray(probs, np.float64).mean(0), int(ens.diverged.sum())
+
+
+def _deep_description(cfg: ClassificationConfig) -> str:
+    d = cfg.deep
+    return (f"{d.n_networks} networks of {d.width} ReLU units, Adam (learning rate {d.lr:g}), {d.epochs} epochs "
+            f"of batches of {d.batch_size}, adversarial step {d.adversarial_eps:g} x each input's range, "
+            f"{cfg.real_dtype}")
+
+
 def _normalised(p: np.ndarray) -> np.ndarray:
     """Rows renormalised in float64 (float32 softmax means sum to 1 only up to round-off)."""
     p = np.asarray(p, np.float64)
@@ -291,6 +315,7 @@ def _real(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         s = tabular.split(ds, i, seed=cfg.seed, test_fraction=cfg.test_fraction)
         k_ds = jax.random.fold_in(jax.random.fold_in(key, cfg.datasets.index(ds)), i)
         k_boot, k_plain, k_mcd = jax.random.split(k_ds, 3)
+        k_deep = jax.random.fold_in(k_ds, 3)  # a fourth key; the three above stay what they were
         shape = (s.x_train.shape[1], s.n_classes)
         model = model_of.setdefault(shape, _model(cfg, *shape))
         probs, diverged = {}, 0
@@ -306,17 +331,21 @@ def _real(key: jax.Array, cfg: ClassificationConfig, progress: bool):
             x_test = s.x_test.astype(cfg.real_dtype)
             probs[name] = classification.predict_proba(model, params, x_test, fit.targets.offset).mean(0)
         probs["mcd"], p_best = _mcd(k_mcd, cfg, s)
-        r = results.setdefault(ds, {"labels": [], "dropout": [], "diverged": [], **{m: [] for m in METHODS}})
+        probs["deep"], deep_diverged = _deep(k_deep, cfg, s)
+        r = results.setdefault(ds, {"labels": [], "dropout": [], "diverged": [], "deep_diverged": [],
+                                    **{m: [] for m in METHODS}})
         r["labels"].append(s.y_test)
         r["dropout"].append(p_best)
         r["diverged"].append(diverged)
+        r["deep_diverged"].append(deep_diverged)
         for m in METHODS:
             p = _normalised(probs[m])
             r[m].append((p, metrics.accuracy(p, s.y_test), metrics.class_mnll(p, s.y_test),
                          metrics.ece(p, s.y_test, cfg.ece_bins)))
     for ds, r in results.items():
         entry: dict = {"n_splits": len(r["labels"]), "n_classes": int(max(int(y.max()) for y in r["labels"]) + 1),
-                       "mcd_dropout_chosen": r["dropout"], "diverged_particles": int(sum(r["diverged"]))}
+                       "mcd_dropout_chosen": r["dropout"], "diverged_particles": int(sum(r["diverged"])),
+                       "deep_diverged_networks": int(sum(r["deep_diverged"]))}
         arrays[f"{ds}_labels"] = np.concatenate(r["labels"])
         for m in METHODS:
             per = np.array([[acc, nll, e] for _, acc, nll, e in r[m]])
@@ -329,7 +358,7 @@ def _real(key: jax.Array, cfg: ClassificationConfig, progress: bool):
             }
         real[ds] = entry
     return arrays, {"real": real, "real_optimizer": opt.description, "ece_bins": cfg.ece_bins,
-                    "real_particles": cfg.real_particles}
+                    "real_particles": cfg.real_particles, "deep_ensemble": _deep_description(cfg)}
 
 
 def _compute(key: jax.Array, cfg: ClassificationConfig, progress: bool):

@@ -16,7 +16,7 @@ __all__ = ["bands", "latent", "reliability", "alpha"]
 
 
 _COLORS = {"bootstrap": plots.COLORS["particles"], "plain": plots.COLORS["gd"], "mcd": plots.COLORS["law"],
-           "nuts": plots.COLORS["paper"]}
+           "deep": plots.COLORS["posterior"], "nuts": plots.COLORS["paper"]}
 
 
 def _data(ax, result: Result) -> None:
@@ -85,7 +85,8 @@ def reliability(result: Result, dataset: str, n_bins: int | None = None) -> Figu
 
     n_bins = int(n_bins or result.summary.get("ece_bins", 10))
     labels = result[f"{dataset}_labels"]
-    fig, axes = plt.subplots(2, 3, figsize=(11, 4.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig, axes = plt.subplots(2, len(METHOD_LABELS), figsize=(3.6 * len(METHOD_LABELS), 4.2), sharex=True,
+                             gridspec_kw={"height_ratios": [3, 1]})
     for j, m in enumerate(METHOD_LABELS):
         probs = result[f"{dataset}_{m}_probs"]
         r = reliability(probs, labels, n_bins)

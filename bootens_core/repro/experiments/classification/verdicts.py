@@ -82,7 +82,6 @@ def paired(result: Any, other: str = "plain", level: float = 0.95) -> pd.DataFra
     standard error over splits (paired: same split, same test rows), and the verdict of a two-sided paired
     t-test at ``level``: "better"/"worse" (lower MNLL/ECE, higher accuracy is better) when the mean difference
     exceeds the t quantile times the standard error, else "no clear difference"."""
-    from scipy import stats
 
     rows = []
     for ds in result.summary["real"]:
@@ -112,7 +111,7 @@ def buys(result: Any, other: str = "plain") -> report.Text:
     for ds in result.summary["real"]:
         sub = df.loc[_dataset_label(ds)]
         n = int(sub["splits"].iloc[0])
-        col = [c for c in sub.columns if c.startswith("bootstrap − ")][0]
+        col = next(c for c in sub.columns if c.startswith("bootstrap − "))
         found = [f"{'better' if v == 'better' else 'worse'} {m} ({sub.loc[m, col]:+.3f} ± {sub.loc[m, 'std. error']:.3f})"
                  for m, v in sub["bootstrap is"].items() if v != "no clear difference"]
         parts.append(f"{_dataset_label(ds)} ({n} splits): " + ("; ".join(found) if found else "no significant difference"))

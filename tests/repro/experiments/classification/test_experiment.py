@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bootens_core.repro.experiments.classification.config import ClassificationConfig
 from bootens_core.repro.experiments import classification
+from bootens_core.repro.experiments.classification.config import ClassificationConfig
 
 
 def test_agreement_of_identical_sets_is_perfect():
@@ -42,6 +44,35 @@ def test_agreement_shape_errors():
 CFG = ClassificationConfig.quick()
 
 
+@pytest.mark.parametrize("profile", ["quick", "paper"])
+def test_deep_ensemble_has_the_chapters_network(profile):
+    """The deep ensemble's networks are as wide as the other methods' (one hidden layer of ``width``), on the
+    protocol's settings."""
+    cfg = getattr(ClassificationConfig, profile)()
+    assert cfg.deep.width == cfg.width
+    assert (cfg.deep.n_networks, cfg.deep.epochs, cfg.deep.batch_size, cfg.deep.lr, cfg.deep.adversarial_eps) == (
+        5, 40, 100, 0.1, 0.01)
+
+
+def test_deep_ensemble_on_a_real_split():
+    """One split of Wine (142 training rows, 13 inputs, 3 classes): the deep ensemble's predictive is the mean of
+    its networks' softmax (rows sum to 1), it is accurate on this easy problem (the other methods reach about
+    0.97), and the same key gives the same probabilities."""
+    from bootens_core.baselines import deep_ensemble
+    from bootens_core.data import tabular
+    from bootens_core.repro.experiments.classification import experiment
+
+    s = tabular.split("wine", 0, seed=CFG.seed, test_fraction=CFG.test_fraction)
+    key = jax.random.key(1)
+    probs, diverged = experiment._deep(key, CFG, s)
+    assert probs.shape == (s.y_test.size, 3) and probs.dtype == np.float64 and diverged == 0
+    np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-6)
+    assert np.mean(probs.argmax(1) == s.y_test) > 0.9
+    ens = deep_ensemble.fit(key, s.x_train, s.y_train, hidden=(CFG.width,), likelihood="categorical",
+                            n_classes=3, dtype=jnp.float32)
+    np.testing.assert_array_equal(probs, deep_ensemble.predict_proba(ens, s.x_test).astype(np.float64).mean(0))
+
+
 @pytest.fixture(scope="module")
 def chapter(chapter_run):
     return chapter_run("classification", CFG)  # the chapter's own run: read from the book build's cache
@@ -53,15 +84,17 @@ def test_chapter_run_has_the_contract_keys(chapter):
     for k in ("prob_mad_vs_mcmc", "band_mad_vs_mcmc", "rhat_max"):
         assert np.isfinite(s[k])
     assert set(s["real"]) == set(CFG.datasets)
+    assert s["deep_ensemble"].startswith(f"{CFG.deep.n_networks} networks of {CFG.width} ReLU units")
     for name, entry in s["real"].items():
         n_classes = chapter[f"{name}_bootstrap_probs"].shape[1]
         assert entry["n_splits"] == CFG.n_splits and entry["n_classes"] == n_classes
-        for m in ("bootstrap", "plain", "mcd"):
+        for m in ("bootstrap", "plain", "mcd", "deep"):
             for k in ("accuracy", "mnll", "ece"):
                 assert np.isfinite(entry[m][k]) and entry[m][f"{k}_std"] >= 0
             assert chapter[f"{name}_{m}_probs"].shape == (chapter[f"{name}_labels"].size, n_classes)
             np.testing.assert_allclose(chapter[f"{name}_{m}_probs"].sum(1), 1.0, rtol=1e-9)
         assert set(entry["mcd_dropout_chosen"]) <= set(CFG.mcd.dropout_grid)
+        assert isinstance(entry["deep_diverged_networks"], int) and entry["deep_diverged_networks"] >= 0
     assert chapter["p_bootstrap"].shape == (CFG.n_particles, CFG.x_grid_points)
     assert chapter["p_nuts"].shape == (CFG.nuts.chains * CFG.nuts.draws, CFG.x_grid_points)
     assert s["alpha_eps_best_band_mad"] in CFG.alpha_eps_study
@@ -92,9 +125,17 @@ def test_chapter_run_tables_and_figures(chapter):
     # bootstrap, plain, the study's other alpha_eps values, and the NUTS floor
     others = sum(a != CFG.alpha_eps for a in CFG.alpha_eps_study)
     assert len(classification.verdicts.agreement(chapter.summary)) == 2 + others + 1
-    assert classification.verdicts.table(chapter.summary).shape == (3 * len(CFG.datasets), 3)
-    paired = classification.verdicts.paired(chapter, "plain")
-    assert set(paired["bootstrap is"]) <= {"better", "worse", "no clear difference"}
+    table = classification.verdicts.table(chapter.summary)
+    assert table.shape == (4 * len(CFG.datasets), 3)
+    assert set(table.index.get_level_values("method")) == {"Bootstrap ensemble", "Plain ensemble", "MC dropout",
+                                                           "Deep ensemble"}
+    for other in ("plain", "mcd", "deep"):
+        paired = classification.verdicts.paired(chapter, other)
+        assert paired.shape[0] == 3 * len(CFG.datasets)
+        assert set(paired["bootstrap is"]) <= {"better", "worse", "no clear difference"}
+        assert (paired["splits"] == CFG.n_splits).all()
+    assert "bootstrap − deep ensemble" in classification.verdicts.paired(chapter, "deep").columns
+    assert str(classification.verdicts.buys(chapter, "deep")).startswith(f"breast cancer ({CFG.n_splits} splits): ")
     for fig in (classification.figures.bands(chapter), classification.figures.latent(chapter),
                 classification.figures.alpha(chapter),
                 *(classification.figures.reliability(chapter, name) for name in CFG.datasets)):
