@@ -327,16 +327,19 @@ def _label(method_id: str) -> str:
 
 def paired(records: Sequence[Mapping[str, Any]], level: float = 0.05,
            baselines: Sequence[str] = experiment.BASELINE_IDS,
-           metrics: Sequence[str] = ("rmse", "mnll")) -> pd.DataFrame:
+           metrics: Sequence[str] = ("rmse", "mnll"),
+           ensembles: Sequence[str] = experiment.ENSEMBLE_IDS) -> pd.DataFrame:
     """Bootstrap ensembles against each baseline on the same splits
     (:func:`bootens_core.repro.experiments.uci.paired_comparisons`): per dataset, metric, ensemble and baseline the
     common splits, the mean over them of (ensemble − baseline) ± its SE over splits, the paired t (df) and
     its two-sided p-value (``scipy.stats.ttest_rel``), and what the ensemble is at ``level``. ``baselines``:
     the paper's (MC dropout, SGHMC, GP) or :data:`~bootens_core.repro.experiments.uci.PRACTICE_IDS`;
-    ``metrics`` among ``rmse``, ``mnll``, ``coverage95`` and ``crps``."""
+    ``metrics`` among ``rmse``, ``mnll``, ``coverage95`` and ``crps``; ``ensembles``: which bootstrap
+    ensembles (method ids)."""
 
     rows = []
-    for r in experiment.paired_comparisons(records, baselines=baselines, metrics=metrics, level=level):
+    for r in experiment.paired_comparisons(records, ensembles=ensembles, baselines=baselines, metrics=metrics,
+                                           level=level):
         ok = np.isfinite(r["se"])
         rows.append({
             "dataset": r["dataset"], "metric": r["metric"].upper(), "ensemble": _label(r["ensemble"]),

@@ -388,3 +388,12 @@ def test_paired_against_the_practitioners_baselines_on_the_crps():
     assert uci.verdicts.paired(recs, metrics=("crps",)).empty
     with pytest.raises(ValueError, match="unknown metric"):
         uci.verdicts.paired(recs, metrics=("mae",))
+
+
+def test_paired_for_chosen_ensembles_only():
+    recs = [_calibrated("yacht", meth, layers, s, 1.0, [0.5] * 6, [1] * 10)
+            for meth, layers in (("ensemble", 1), ("ensemble", 4), ("deep", 1)) for s in range(3)]
+    both = uci.verdicts.paired(recs, baselines=uci.PRACTICE_IDS)
+    one = uci.verdicts.paired(recs, baselines=uci.PRACTICE_IDS, ensembles=("ensemble-1",))
+    assert set(both.index.get_level_values(2)) == {"Ensemble 1-layer", "Ensemble 4-layer"}
+    assert set(one.index.get_level_values(2)) == {"Ensemble 1-layer"} and len(one) == 2
