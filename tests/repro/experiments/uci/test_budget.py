@@ -639,7 +639,7 @@ def test_record_cells_rejects_a_table_that_is_not_cells_csv(tmp_path):
         uci.record_cells(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("folder", ["uci", "uci-mcd-sghmc", "uci-fixed-step", "uci-deep"])
+@pytest.mark.parametrize("folder", ["uci", "uci-mcd-sghmc", "uci-fixed-step", "uci-deep", "uci-plain"])
 def test_committed_records_read_back_from_their_cells_csv(folder, tmp_path):
     # What fold-cells keeps of a committed record gives back that record. cells.csv holds 6 significant
     # digits: each value read back is within half a unit of its 6th digit, 5e-6 |x| (relative), of the one the
