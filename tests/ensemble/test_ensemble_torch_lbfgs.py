@@ -177,12 +177,13 @@ def test_cli_set_selects_the_torch_lbfgs():
     assert configure("lbfgs.nosuch=1") == 2 and configure("lbfgs=1") == 2
 
 
-def test_only_the_ensemble_hash_follows_lbfgs_linesearch():
+def test_only_the_ensembles_hashes_follow_lbfgs_linesearch():
+    # the bootstrap ensemble and the plain one (the same particles and L-BFGS, unperturbed)
     base = {f: uci.experiment._family_hash(UCIConfig(), f) for f in uci.experiment._FAMILIES}
     seen = {base["ensemble"]}
     for v in (None, "torch", "torch-strong-wolfe"):
         h = {f: uci.experiment._family_hash(UCIConfig(lbfgs=LBFGSConfig(linesearch=v)), f) for f in uci.experiment._FAMILIES}
-        assert {f for f in h if h[f] != base[f]} == {"ensemble"}
+        assert {f for f in h if h[f] != base[f]} == {"ensemble", "plain"}
         seen.add(h["ensemble"])
     assert len(seen) == 4
     # torch_lbfgs's source decides the ensembles' numbers

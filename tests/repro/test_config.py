@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bootens_core.repro import config
-from bootens_core.repro.config import as_dict, for_profile, profile
+from bootens_core.repro.config import as_dict, for_profile, from_dict, profile
 from bootens_core.repro.experiments.linear.config import LinearConfig
 from bootens_core.repro.experiments.practice.config import PracticeConfig
 from bootens_core.repro.experiments.classification.config import ClassificationConfig
@@ -76,7 +76,10 @@ def test_as_dict_is_json_ready(cls):
     assert set(d) == {f.name for f in dataclasses.fields(cls)}
     for f in dataclasses.fields(cls):
         value = getattr(cfg, f.name)
-        assert d[f.name] == (list(value) if isinstance(value, tuple) else value)
+        if dataclasses.is_dataclass(value):  # a method's sub-configuration (e.g. PracticeConfig.deep)
+            assert d[f.name] == as_dict(value) and from_dict(type(value), d[f.name]) == value
+        else:
+            assert d[f.name] == (list(value) if isinstance(value, tuple) else value)
 
 
 @pytest.mark.parametrize("cls", CONFIGS)

@@ -12,7 +12,7 @@ from ... import report
 from ...store import summary_dict
 from .experiment import METHOD_LABELS, Summary
 
-__all__ = ["evaluate", "agreement", "table", "paired", "buys"]
+__all__ = ["evaluate", "agreement", "table", "paired", "paired_all", "buys"]
 
 
 _METRICS = ("accuracy", "mnll", "ece")
@@ -101,6 +101,16 @@ def paired(result: Any, other: str = "plain", level: float = 0.95) -> pd.DataFra
                          f"bootstrap − {name if name.startswith('MC') else name.lower()}": round(float(d.mean()), 4),
                          "std. error": round(float(se), 4), "splits": int(n), "bootstrap is": verdict})
     return pd.DataFrame(rows).set_index(["dataset", "metric"])
+
+
+def paired_all(result: Any, others: tuple[str, ...] = ("plain", "mcd", "deep"), level: float = 0.95) -> pd.DataFrame:
+    """:func:`paired` against each of ``others``, one block of rows each (index: against whom, dataset,
+    metric), the difference in one column ``bootstrap − other``: a table as narrow as one comparison."""
+    blocks = {}
+    for other in others:
+        df = paired(result, other, level)
+        blocks[METHOD_LABELS[other]] = df.rename(columns={df.columns[0]: "bootstrap − other"})
+    return pd.concat(blocks, names=["against"])
 
 
 def buys(result: Any, other: str = "plain") -> report.Text:

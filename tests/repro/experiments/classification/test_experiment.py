@@ -135,6 +135,11 @@ def test_chapter_run_tables_and_figures(chapter):
         assert set(paired["bootstrap is"]) <= {"better", "worse", "no clear difference"}
         assert (paired["splits"] == CFG.n_splits).all()
     assert "bootstrap − deep ensemble" in classification.verdicts.paired(chapter, "deep").columns
+    stacked = classification.verdicts.paired_all(chapter)
+    assert list(stacked.columns) == ["bootstrap − other", "std. error", "splits", "bootstrap is"]
+    assert stacked.shape[0] == 3 * 3 * len(CFG.datasets)
+    deep = classification.verdicts.paired(chapter, "deep")
+    assert (stacked.loc["Deep ensemble", "bootstrap − other"].to_numpy() == deep.iloc[:, 0].to_numpy()).all()
     assert str(classification.verdicts.buys(chapter, "deep")).startswith(f"breast cancer ({CFG.n_splits} splits): ")
     for fig in (classification.figures.bands(chapter), classification.figures.latent(chapter),
                 classification.figures.alpha(chapter),
