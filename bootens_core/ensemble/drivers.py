@@ -408,6 +408,8 @@ def train_grid(
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
     particle_batch: int | None = None,
+    perturb_labels: bool = True,
+    perturb_prior: bool = True,
 ) -> list[EnsembleResult]:
     """Algorithm 1 for every ``sigma^2`` of ``noise_grid`` at once: ``len(noise_grid) * n_particles`` particles
     in one batch, particle block ``g`` seeing ``noise_grid[g]``.
@@ -418,8 +420,9 @@ def train_grid(
     (one compiled program for the whole grid instead of one call per value: on an accelerator the grid costs
     about one call's time while the batch fits the device). Returns one :class:`EnsembleResult` per grid value,
     in grid order (no snapshots or records). ``noise_grid``: positive finite scalars. Other arguments as
-    :func:`train` (``particle_batch`` groups the whole batch of ``len(noise_grid) * n_particles``);
-    ``on_diverged="raise"`` names the grid values whose particles diverged.
+    :func:`train` (``particle_batch`` groups the whole batch of ``len(noise_grid) * n_particles``;
+    ``perturb_labels`` and ``perturb_prior`` off give the plain ensemble's grid); ``on_diverged="raise"`` names
+    the grid values whose particles diverged.
     """
     if on_diverged not in ("raise", "report"):
         raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
@@ -435,7 +438,8 @@ def train_grid(
     dtype = float_dtype(dtype)
     x, y = check_data(x, y, None, outputs=model_outputs(model, np.asarray(x)))
     x, y = x.astype(dtype), y.astype(dtype)
-    blocks = [init(key, model, y, jnp.asarray(v, dtype), k, opt) for v in grid]
+    blocks = [init(key, model, y, jnp.asarray(v, dtype), k, opt, perturb_labels=perturb_labels,
+                   perturb_prior=perturb_prior) for v in grid]
     state = State(*jax.tree.map(lambda *a: jnp.concatenate(a),
                                 *[(b.params, b.opt_state, b.perturbation) for b in blocks]), blocks[0].step)
     noise_var = jnp.repeat(jnp.asarray(grid, dtype), k)

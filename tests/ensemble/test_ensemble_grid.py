@@ -42,6 +42,25 @@ def test_grid_blocks_equal_separate_calls(opt):
         assert res.loss.shape == (12, 4) and not res.diverged.any()
 
 
+def test_unperturbed_grid_blocks_equal_separate_unperturbed_calls():
+    # The plain ensemble's grid: neither labels nor prior perturbed, block by block as train with both off.
+    x, y = _problem(seed=1)
+    model = models.mlp(3, (8,), "relu")
+    opt = ensemble.optimizer("lbfgs", 0.5, memory_size=10, linesearch="zoom")
+    grid, key = (1e-2, 1e-1), jax.random.key(5)
+    off = {"perturb_labels": False, "perturb_prior": False}
+    together = ensemble.train_grid(key, model, x, y, noise_grid=grid, n_particles=3, opt=opt, steps=10,
+                                   dtype=jnp.float64, **off)
+    perturbed = ensemble.train_grid(key, model, x, y, noise_grid=grid, n_particles=3, opt=opt, steps=10,
+                                    dtype=jnp.float64)
+    for nv, res, pert in zip(grid, together, perturbed, strict=True):
+        alone = ensemble.train(key, model, x, y, noise_var=nv, n_particles=3, opt=opt, steps=10, dtype=jnp.float64,
+                               **off)
+        for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(alone.params), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
+        assert not np.allclose(np.asarray(jax.tree.leaves(res.params)[0]), np.asarray(jax.tree.leaves(pert.params)[0]))
+
+
 def test_grid_values_change_the_fit():
     # A guard that the per-particle noise really reaches the step: blocks of different sigma^2 differ.
     x, y = _problem()

@@ -262,13 +262,14 @@ def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: in
 
     def fit_ensemble_grid(key, x, y, x_eval, noise_grid):
         # The grid in batches of grid_batch values (ensemble.train_grid); 1 is fit_ensemble value by value.
-        size = ctx.grid_batch(np.shape(x)[0], len(noise_grid)) if perturb else 1
+        size = ctx.grid_batch(np.shape(x)[0], len(noise_grid))
         if size == 1:
             return [fit_ensemble(key, x, y, x_eval, nv) for nv in noise_grid]
         preds = []
         for part, n_real in grid_batches(noise_grid, size):
             results = ensemble.train_grid(key, model, x, y, noise_grid=part, n_particles=n_particles, opt=opt,
-                                          steps=steps, dtype=dtype, on_diverged="report")
+                                          steps=steps, dtype=dtype, on_diverged="report",
+                                          perturb_labels=perturb, perturb_prior=perturb)
             preds += [predict(res, x_eval, nv) for res, nv in zip(results[:n_real], part[:n_real], strict=True)]
         return preds
 

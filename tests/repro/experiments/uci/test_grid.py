@@ -67,8 +67,9 @@ _MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().par
 
 
 @pytest.mark.skipif(not Path(_MIRROR).is_dir() and not os.environ.get("CI"), reason=f"no UCI mirror at {_MIRROR}")
-@pytest.mark.parametrize("linesearch", ["zoom", "torch-strong-wolfe"])
-def test_batched_selection_equals_value_by_value(linesearch, monkeypatch):
+@pytest.mark.parametrize("linesearch, method_id", [("zoom", "ensemble-1"), ("torch-strong-wolfe", "ensemble-1"),
+                                                    ("zoom", "plain-1")])
+def test_batched_selection_equals_value_by_value(linesearch, method_id, monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", _MIRROR)
     cfg = UCIConfig(n_particles=4, lbfgs=LBFGSConfig(steps=2, iters_per_step=5, linesearch=linesearch),
                     noise_grid=(1e-2, 1e-1, 1.0), network=NetworkConfig(dtype="float64"))
@@ -77,7 +78,7 @@ def test_batched_selection_equals_value_by_value(linesearch, monkeypatch):
     records = {}
     for batch in (1, 3, 2):
         c = dataclasses.replace(cfg, noise_grid_batch=batch)
-        m = uci.method("ensemble-1", c, "yacht", data.x_train.shape[1], data.y_std)
+        m = uci.method(method_id, c, "yacht", data.x_train.shape[1], data.y_std)
         assert m.fit_grid is not None
         records[batch] = harness.run_cell(key, m, data, noise_grid=c.noise_grid, val_seed=c.seed,
                                           val_fraction=c.val_fraction)
