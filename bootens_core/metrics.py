@@ -22,6 +22,7 @@ __all__ = [
     "mixture_cdf",
     "mixture_coverage",
     "coverage_levels",
+    "pit_coverage",
     "PITHistogram",
     "pit_histogram",
     "mixture_crps",
@@ -115,9 +116,18 @@ def coverage_levels(
     A calibrated predictive covers each level's share of the labels (up to its binomial error,
     ``sqrt(level (1 - level) / n)``); below the nominal level it is overconfident, above it underconfident.
     """
+    return pit_coverage(mixture_cdf(y, f, noise_var), levels)
+
+
+def pit_coverage(
+    u: np.ndarray, levels: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+) -> dict[float, float]:
+    """:func:`coverage_levels` from the PIT values ``u`` (the predictive CDF at each label, e.g.
+    :class:`PITHistogram` ``.pit``): the central ``level`` interval holds ``y_i`` exactly when
+    ``(1 - level)/2 <= u_i <= (1 + level)/2``."""
     if len(levels) == 0:
         raise ValueError("levels must name at least one nominal level")
-    u = mixture_cdf(y, f, noise_var)
+    u = np.asarray(u, float)
     out = {}
     for level in levels:
         level = float(level)

@@ -77,3 +77,14 @@ def test_bad_shapes_and_levels_are_errors():
     for level in (0.0, 1.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="level"):
             metrics.mixture_coverage(y, np.zeros((2, 5)), 1.0, level)
+
+
+def test_coverage_from_pit_values_is_coverage_levels():
+    rng = np.random.default_rng(3)
+    f = rng.normal(size=(6, 40))
+    y = rng.normal(size=40)
+    u = metrics.mixture_cdf(y, f, 0.4)
+    assert metrics.pit_coverage(u) == metrics.coverage_levels(y, f, 0.4)
+    assert metrics.pit_coverage(np.array([0.5, 0.01, 0.99]), (0.9,)) == {0.9: pytest.approx(1 / 3)}
+    with pytest.raises(ValueError, match="at least one"):
+        metrics.pit_coverage(u, ())

@@ -62,6 +62,7 @@ import optax
 
 from ..checks import check_finite
 from ..models import float_dtype
+from ._dense import check_count, glorot_uniform
 
 __all__ = [
     "LIKELIHOODS",
@@ -127,12 +128,7 @@ def init(key: jax.Array, sizes: Sequence[int], dtype: Any = None) -> Params:
     sizes = [int(s) for s in sizes]
     if len(sizes) < 2 or min(sizes) < 1:
         raise ValueError(f"layer sizes must be at least (d_in, d_out), all positive, got {sizes}")
-    params = []
-    for k, fan_in, fan_out in zip(jax.random.split(key, len(sizes) - 1), sizes[:-1], sizes[1:], strict=True):
-        a = math.sqrt(6.0 / (fan_in + fan_out))
-        params.append({"w": jax.random.uniform(k, (fan_in, fan_out), dtype, -a, a),
-                       "b": jnp.zeros((fan_out,), dtype)})
-    return params
+    return glorot_uniform(key, sizes, dtype)
 
 
 def forward(params: Params, x: jax.Array) -> jax.Array:
@@ -246,12 +242,6 @@ def _train(key, x, y, x_range, lr, eps, min_var, *, n_networks, **static):
 # -------------------------------------------------------------------------------------------- checks
 
 
-def _count(v: Any, what: str, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer) or int(v) < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def _positive(v: Any, what: str, zero_ok: bool = False) -> float:
     try:
         f = float(v)
@@ -290,7 +280,7 @@ def _check_labels(y: Any, n: int, likelihood: str, n_classes: Any) -> tuple[np.n
     if y.dtype == bool or not np.all(y == np.round(y)):
         raise ValueError("a classifier's labels y must be integer class indices 0 .. C-1")
     labels = y.astype(np.int64)
-    c = int(labels.max()) + 1 if n_classes is None else _count(n_classes, "n_classes", 2)
+    c = int(labels.max()) + 1 if n_classes is None else check_count(n_classes, "n_classes", 2)
     if c < 2:
         raise ValueError(f"a classifier needs at least 2 classes; the labels hold only class {int(labels.max())}"
                          " (pass n_classes)")
@@ -303,7 +293,7 @@ def _check_labels(y: Any, n: int, likelihood: str, n_classes: Any) -> tuple[np.n
 def _check_hidden(hidden: Any) -> tuple[int, ...]:
     if isinstance(hidden, str | bytes) or not isinstance(hidden, Sequence):
         raise ValueError(f"hidden must be a sequence of layer widths such as (50,), got {hidden!r}")  # noqa: TRY004
-    return tuple(_count(h, "every hidden width") for h in hidden)
+    return tuple(check_count(h, "every hidden width") for h in hidden)
 
 
 # --------------------------------------------------------------------------------------------- public
@@ -359,9 +349,9 @@ def fit(
     x = _check_x(x)
     y, c = _check_labels(y, x.shape[0], likelihood, n_classes)
     hidden = _check_hidden(hidden)
-    n_networks = _count(n_networks, "n_networks")
-    epochs = _count(epochs, "epochs")
-    batch_size = _count(batch_size, "batch_size")
+    n_networks = check_count(n_networks, "n_networks")
+    epochs = check_count(epochs, "epochs")
+    batch_size = check_count(batch_size, "batch_size")
     lr = _positive(lr, "learning rate lr")
     eps = _positive(adversarial_eps, "adversarial_eps", zero_ok=True)
     min_var = _positive(min_var, "min_var")

@@ -84,6 +84,7 @@ from ..data import uci
 from ..checks import check_finite
 from ..metrics import Prediction
 from ..models import float_dtype
+from ._dense import check_count, glorot_uniform
 
 __all__ = [
     "Params",
@@ -189,12 +190,6 @@ def _check_tau(tau: Any) -> float:
     return v
 
 
-def _check_count(v: Any, what: str, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer) or int(v) < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def _check_x(x: Any, name: str = "x", in_dim: int | None = None) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim != 2:
@@ -278,7 +273,7 @@ def validation_rows(n_train: int) -> tuple[np.ndarray, np.ndarray]:
     Positions in the training split's row order. (The UCI harness,
     ``bootens_core.repro.harness.validation_rows``, draws a random subset instead; this protocol does not.)
     """
-    n = _check_count(n_train, "n_train", 2)
+    n = check_count(n_train, "n_train", 2)
     n_fit = int(0.8 * n)
     if n_fit < 2 or n_fit >= n:
         raise ValueError(f"a training split of {n} rows is too small to hold out its last 20% for validation")
@@ -295,18 +290,11 @@ def init(
     zero biases; ``in_dim -> width x hidden_layers -> out_dim`` (``out_dim`` class logits for a classifier).
     ``dtype``: a float dtype (float64 needs JAX's 64-bit mode, see :func:`~bootens_core.models.float_dtype`)."""
     dtype = float_dtype(dtype)
-    in_dim = _check_count(in_dim, "in_dim")
-    hidden_layers = _check_count(hidden_layers, "hidden_layers", 0)
-    width = _check_count(width, "width")
-    out_dim = _check_count(out_dim, "out_dim")
-    sizes = [in_dim] + [width] * hidden_layers + [out_dim]
-    layer_keys = jax.random.split(key, len(sizes) - 1)
-    params = []
-    for k_layer, a, b in zip(layer_keys, sizes[:-1], sizes[1:], strict=True):
-        limit = math.sqrt(6.0 / (a + b))
-        w = jax.random.uniform(k_layer, (a, b), dtype, -limit, limit)
-        params.append({"w": w, "b": jnp.zeros((b,), dtype)})
-    return params
+    in_dim = check_count(in_dim, "in_dim")
+    hidden_layers = check_count(hidden_layers, "hidden_layers", 0)
+    width = check_count(width, "width")
+    out_dim = check_count(out_dim, "out_dim")
+    return glorot_uniform(key, [in_dim] + [width] * hidden_layers + [out_dim], dtype)
 
 
 def dropout_masks(key: jax.Array, params: Params, n_rows: int, dropout: Any) -> list[jax.Array]:
@@ -423,8 +411,8 @@ def _train_args(params, x, y, epochs, batch_size, lr, adam_eps, likelihood="gaus
     if likelihood not in ("gaussian", "categorical"):
         raise ValueError(f"likelihood must be 'gaussian' or 'categorical', got {likelihood!r}")
     x, y = _check_xy(x, y, _in_dim(params), classes=_out_dim(params) if likelihood == "categorical" else None)
-    epochs = _check_count(epochs, "epochs")
-    batch_size = _check_count(batch_size, "batch_size")
+    epochs = check_count(epochs, "epochs")
+    batch_size = check_count(batch_size, "batch_size")
     lr = float(lr)
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"learning rate must be positive and finite, got {lr!r}")
@@ -529,9 +517,9 @@ def predict(
     the network was trained on. Pass ``t`` uses the masks of ``fold_in(key, t)``; ``chunk`` passes are
     evaluated at a time (default: as many as fit a fixed activation budget)."""
     p = _check_rate(dropout)
-    n_samples = _check_count(n_samples, "n_samples")
+    n_samples = check_count(n_samples, "n_samples")
     x = _check_x(x, "x", _in_dim(params))
-    chunk = _chunk(n_samples, x.shape[0], params) if chunk is None else _check_count(chunk, "chunk")
+    chunk = _chunk(n_samples, x.shape[0], params) if chunk is None else check_count(chunk, "chunk")
     dtype = params[0]["w"].dtype
     x, p = jnp.asarray(x, dtype), jnp.asarray(p, dtype)
     return _predict(key, params, x, p, n_samples=n_samples, chunk=chunk)
@@ -589,9 +577,9 @@ def mc_scores(
     float32 when JAX's 64-bit mode is off).
     """
     p, t = _check_rate(dropout), _check_tau(tau)
-    n_samples = _check_count(n_samples, "n_samples")
+    n_samples = check_count(n_samples, "n_samples")
     x, y = _check_xy(x, y, _in_dim(params))
-    chunk = _chunk(n_samples, x.shape[0], params) if chunk is None else _check_count(chunk, "chunk")
+    chunk = _chunk(n_samples, x.shape[0], params) if chunk is None else check_count(chunk, "chunk")
     dtype, wide = params[0]["w"].dtype, float_dtype()
     return _scores_one(
         key, params, jnp.asarray(x, dtype), jnp.asarray(y, wide), jnp.asarray(p, dtype),
@@ -667,10 +655,10 @@ def fit_select(
     """
     ps = _check_grid(dropout_grid, "dropout grid", _check_rate)
     ts = _check_grid(tau_grid, "tau grid", _check_tau)
-    hidden_layers = _check_count(hidden_layers, "hidden_layers", 0)
-    width = _check_count(width, "width")
-    epochs = _check_count(epochs, "epochs")
-    n_samples = _check_count(n_samples, "n_samples")
+    hidden_layers = check_count(hidden_layers, "hidden_layers", 0)
+    width = check_count(width, "width")
+    epochs = check_count(epochs, "epochs")
+    n_samples = check_count(n_samples, "n_samples")
     y_scale = float(y_scale)
     if not (y_scale > 0 and math.isfinite(y_scale)):
         raise ValueError(f"y_scale must be positive and finite, got {y_scale!r}")

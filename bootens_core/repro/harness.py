@@ -141,8 +141,8 @@ def calibration(y: np.ndarray, pred: Prediction, y_std: float) -> dict[str, Any]
         return {"test_crps": math.nan, **{f"coverage{round(100 * lv)}": math.nan for lv in CALIBRATION_LEVELS},
                 "pit_counts": []}
     pairs = CRPS_PAIR_COMPONENTS if f.shape[0] > CRPS_PAIR_COMPONENTS else None
-    cov = metrics.coverage_levels(y, f, pred.var, CALIBRATION_LEVELS)
     pit = metrics.pit_histogram(y, f, pred.var, PIT_BINS)
+    cov = metrics.pit_coverage(pit.pit, CALIBRATION_LEVELS)  # the mixture's CDF at the labels, computed once
     return {"test_crps": metrics.mixture_crps(y, f, pred.var, pair_components=pairs) * y_std,
             **{f"coverage{round(100 * lv)}": cov[lv] for lv in CALIBRATION_LEVELS},
             "pit_counts": [int(c) for c in pit.counts]}

@@ -440,9 +440,9 @@ _ENSEMBLE_SOURCES = ("ensemble/kernel.py", "ensemble/drivers.py", "ensemble/opti
 _FAMILIES: dict[str, _Family] = {
     "ensemble": _Family(_ensemble_method, _ENSEMBLE_SOURCES),
     "plain": _Family(_plain_method, _ENSEMBLE_SOURCES, (_ensemble_method,)),
-    "deep": _Family(_deep_method, ("baselines/deep_ensemble.py",)),
+    "deep": _Family(_deep_method, ("baselines/deep_ensemble.py", "baselines/_dense.py")),
     "gp": _Family(_gp_method, ("baselines/gp.py",)),
-    "mcd": _Family(_mcd_method, ("baselines/dropout.py",)),
+    "mcd": _Family(_mcd_method, ("baselines/dropout.py", "baselines/_dense.py")),
     "sghmc": _Family(_sghmc_method, ("samplers/sghmc.py", "samplers/_common.py", "models.py", "checks.py",
                                      "driver.py")),
 }
