@@ -187,7 +187,7 @@ def test_only_the_ensembles_hashes_follow_lbfgs_linesearch():
         seen.add(h["ensemble"])
     assert len(seen) == 4
     # torch_lbfgs's source decides the ensembles' numbers
-    assert "ensemble/lbfgs.py" in uci.experiment._FAMILIES["ensemble"].sources
+    assert "ensemble/lbfgs.py" in uci.experiment.family_code("ensemble").files
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ... import cellpack, harness, store
+from ... import cellpack, codekey, harness, store
 from ....baselines import dropout
 from .... import ensemble, samplers, models
 from ....driver import CompileCounter
@@ -127,6 +127,7 @@ __all__ = [
     "lbfgs_label",
     "lbfgs_variant_cells",
     "settings",
+    "family_code",
     "record_cells",
     "recorded_cells",
     "pack_cells",
@@ -423,28 +424,23 @@ def _sghmc_method(network: NetworkConfig, sghmc: SGHMCConfig, /, ctx: _Context) 
 
 
 class _Family(NamedTuple):
-    """A method family: its builder and the package modules its cells run (beside :data:`_COMMON_SOURCES`),
-    and the functions of this module its builder calls (their source enters the family's hash with its own).
+    """A method family: its builder.
 
     The builder's positional-only parameters are named after :class:`UCIConfig` fields and receive those
     fields' values -- nothing else of the configuration reaches it -- so the settings that decide a family's
-    cells are read off the builder's signature (:func:`settings`), never from a list kept by hand."""
+    cells are read off the builder's signature (:func:`settings`), never from a list kept by hand. The code that
+    decides them is read off the builder too (:func:`family_code`)."""
 
     build: Callable[..., Method]
-    sources: tuple[str, ...]
-    calls: tuple[Callable[..., Any], ...] = ()
 
 
-_ENSEMBLE_SOURCES = ("ensemble/kernel.py", "ensemble/drivers.py", "ensemble/optimizers.py", "ensemble/sharding.py",
-                     "ensemble/lbfgs.py", "models.py", "perturb.py", "checks.py", "driver.py")
 _FAMILIES: dict[str, _Family] = {
-    "ensemble": _Family(_ensemble_method, _ENSEMBLE_SOURCES),
-    "plain": _Family(_plain_method, _ENSEMBLE_SOURCES, (_ensemble_method,)),
-    "deep": _Family(_deep_method, ("baselines/deep_ensemble.py", "baselines/_dense.py")),
-    "gp": _Family(_gp_method, ("baselines/gp.py",)),
-    "mcd": _Family(_mcd_method, ("baselines/dropout.py", "baselines/_dense.py")),
-    "sghmc": _Family(_sghmc_method, ("samplers/sghmc.py", "samplers/_common.py", "models.py", "checks.py",
-                                     "driver.py")),
+    "ensemble": _Family(_ensemble_method),
+    "plain": _Family(_plain_method),
+    "deep": _Family(_deep_method),
+    "gp": _Family(_gp_method),
+    "mcd": _Family(_mcd_method),
+    "sghmc": _Family(_sghmc_method),
 }
 
 
@@ -478,12 +474,28 @@ def _protocol(cfg: UCIConfig) -> dict[str, Any]:
     return {"noise_grid": tuple(cfg.noise_grid), "val_seed": cfg.seed, "val_fraction": cfg.val_fraction}
 
 
-# What decides a cell's numbers. Common to every cell: the protocol (its settings, _protocol; the harness,
-# the metrics, the loader) and the code of compute_cell / _cell_key. Per method family: the settings its
-# builder receives (_setting_names), the package modules it runs and the builder's source. Cells are stored per
-# family under a folder named by a hash of all that, so an edit to one method (or a new method) keeps the
-# others' finished cells.
-_COMMON_SOURCES = ("repro/harness.py", "metrics.py", "data/uci.py")
+# What decides a cell's numbers. Common to every cell: the protocol's settings (_protocol) and the code that
+# computes a cell (compute_cell, _cell_key, method). Per method family: the settings its builder receives
+# (_setting_names) and the code it reaches. The code is derived, never listed by hand (codekey.reach): the
+# functions of this module that these roots call, transitively, by their source; every package module they use,
+# closed under imports, by its bytes. Cells are stored per family under a folder named by a hash of all that,
+# so an edit to one method (or a new method) keeps the others' finished cells.
+_DISPATCH = (f"{__name__}:_FAMILIES",)  # method()'s table of builders: each family's key follows its own builder
+
+
+def _common_roots() -> tuple[Callable[..., Any], ...]:
+    return (compute_cell, _cell_key, _protocol, method)
+
+
+@functools.cache
+def family_code(family: str) -> codekey.Reach:
+    """The code that decides the cells of a method family (``"ensemble"``, ``"gp"``, ...): the functions of this
+    module that computing one of its cells reaches and the package modules they import, closed under imports
+    (:func:`bootens_core.repro.codekey.reach`). Cached for the process: the source does not change under a
+    running program."""
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown UCI method family {family!r}: known are {', '.join(_FAMILIES)}")
+    return codekey.reach((*_common_roots(), _FAMILIES[family].build), skip=_DISPATCH)
 
 
 def settings(cfg: UCIConfig, method_ids: Iterable[str]) -> dict[str, Any]:
@@ -506,11 +518,8 @@ def _family_settings(cfg: UCIConfig, family: str) -> dict[str, Any]:
 
 
 def _family_hash(cfg: UCIConfig, family: str) -> str:
-    fam = _FAMILIES[family]
     values = _family_settings(cfg, family)
-    code = "".join(inspect.getsource(f) for f in (compute_cell, _cell_key, _protocol, fam.build, *fam.calls))
-    blob = json.dumps({"cfg": values, "src": store.source_hash(_COMMON_SOURCES + fam.sources), "code": code},
-                      sort_keys=True)
+    blob = json.dumps({"cfg": values, "code": codekey.digest(family_code(family))}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
