@@ -9,6 +9,7 @@
     bootens fold-cells cells-0.tar.gz cells-1.tar.gz --profile paper --into results/paper/uci
     bootens bench --quick                             # particle throughput -> bootens-out/bench/bench.json
     bootens bench --case uci-cell --profile paper --datasets yacht protein   # real ensemble cells, timed
+    bootens bench --case uci-dataset --datasets boston --models 1 4   # one L-BFGS iteration, split, vs roofline
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
 summary. Results are cached (see :mod:`bootens_core.repro.store`); ``--force`` recomputes. Without ``--out``, results go
@@ -375,6 +376,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_particle_batch(args)
     if args.case == "linesearch":
         return _bench_linesearch(args)
+    if args.case == "uci-dataset":
+        return _bench_uci_dataset(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -441,7 +444,7 @@ def _bench_uci_cell(args: argparse.Namespace) -> int:
         return 2
     try:
         doc = bench.measure_uci_cell(jax.random.key(cfg.seed), cfg, args.datasets or ["yacht"],
-                                     args.models or [1, 4], args.grid_batches, progress=not args.quiet)
+                                     args.models or [1, 4], args.grid_batches or [1, 0], progress=not args.quiet)
     except (ValueError, FileNotFoundError) as exc:
         print(f"bootens: {exc}", file=sys.stderr)
         return 2
@@ -518,6 +521,56 @@ def _bench_linesearch(args: argparse.Namespace) -> int:
     return _bench_case(args, "linesearch.json", lambda: bench.measure_linesearch(
         jax.random.key(0), args.datasets or ["boston"], args.models or [1], args.k or [50, 200],
         steps=args.steps or 100, repeats=args.repeats or 3, max_rows=args.max_rows or 0), line)
+
+
+def _bench_uci_dataset(args: argparse.Namespace) -> int:
+    """``bootens bench --case uci-dataset``: one L-BFGS iteration of paper-scale UCI ensembles, split into its
+    parts and set against the roofline -> OUT/uci-dataset.json (rewritten after every row)."""
+    import dataclasses
+    from pathlib import Path
+
+    import jax
+
+    from . import config
+    from .experiments.uci.config import UCIConfig
+    from .performance import iteration
+
+    label = "quick" if args.quick else (args.profile or "paper")
+    cfg = config.for_profile(UCIConfig, label)
+    if args.k:
+        cfg = dataclasses.replace(cfg, n_particles=int(args.k[0]))
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    out = Path(args.out) / "uci-dataset.json"
+    try:
+        doc = iteration.measure_uci_dataset(
+            jax.random.key(cfg.seed), cfg, args.datasets or ["boston"], args.models or [1, 4],
+            max_rows=args.max_rows or 0, grid_batch=(args.grid_batches or [0])[0], steps=args.steps or 10,
+            warmup=20 if args.warmup is None else args.warmup, repeats=args.repeats or 5,
+            on_row=lambda partial: _write_json(out, {**partial, "profile": label}))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    doc["profile"] = label
+    _write_json(out, doc)
+    if not args.quiet:
+        print(f"{'dataset':<9} {'layers':>6} {'K':>5} {'rows':>5} {'GFLOP/it':>9} {'MB/it':>8} {'ms/it':>8} "
+              f"{'FLOP%':>6} {'BW%':>7} {'compile s':>9} {'evals':>5}  eval / two-loop / search bookkeeping (ms)")
+        for r in doc["rows"]:
+            sp = r["split"]
+            print(f"{r['dataset']:<9} {r['hidden_layers']:>6} {r['particles']:>5} {r['n_rows']:>5} "
+                  f"{r['flops_per_iteration'] / 1e9:>9.3f} {r['bytes_per_iteration'] / 1e6:>8.1f} "
+                  f"{1e3 * r['seconds_per_iteration']:>8.2f} {r['flop_fraction']:>6.1%} {r['bandwidth_fraction']:>7.1%} "
+                  f"{r['compile_s']:>9.1f} {r['search_evals_per_particle']:>5.2f}  "
+                  f"{1e3 * sp['model_eval_s']:.2f} / {1e3 * sp['two_loop_s']:.2f} / "
+                  f"{1e3 * sp['line_search_bookkeeping_s']:.2f}")
+        print(f"peaks: {doc['peak']['flops_per_s']:.3g} FLOP/s, {doc['peak']['bytes_per_s']:.3g} B/s "
+              f"({doc['peak']['source']}); split by differences of timed part programs "
+              f"(bootens_core.repro.performance.iteration)")
+    print(f"bootens: wrote {out} ({doc['device']['kind']}, {doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
 
 
 # What the reproduction layer needs beyond the library's own dependencies (the `repro` extra).
@@ -631,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
-    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch"],
+    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch", "uci-dataset"],
                          default="throughput",
                          help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
                               "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
@@ -640,9 +693,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "--particle-batches against all at once, Adam and line-search L-BFGS "
                               "(particle-batch.json; --k as particles, default 200); linesearch: the "
                               "ensembles' zoom line search against optax's own under vmap, L-BFGS as in the UCI "
-                              "profiles (linesearch.json; --k, default 50 200; --steps, default 100)")
-    p_bench.add_argument("--grid-batches", type=int, nargs="+", default=[1, 0],
-                         help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic)")
+                              "profiles (linesearch.json; --k, default 50 200; --steps, default 100); "
+                              "uci-dataset: one L-BFGS iteration of a paper-scale UCI ensemble (real data of "
+                              "split 0; --k as particles per sigma^2, --max-rows, --steps iterations per timed "
+                              "call, default 10; --repeats, default 5; --warmup), XLA's FLOPs and bytes, the "
+                              "roofline fractions and where its time goes (uci-dataset.json)")
+    p_bench.add_argument("--grid-batches", type=int, nargs="+", default=None,
+                         help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic; "
+                              "default 1 0); uci-dataset: the first is used (default 0)")
+    p_bench.add_argument("--warmup", type=int, default=None,
+                         help="uci-dataset: real iterations before the timed ones (default 20)")
     p_bench.add_argument("--particle-batches", type=int, nargs="+", default=[10, 20, 50],
                          help="particle-batch: group sizes timed against all particles at once")
     p_bench.add_argument("--features", type=int, default=0,

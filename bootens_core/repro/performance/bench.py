@@ -59,6 +59,7 @@ __all__ = [
     "jax_loop_train",
     "torch_loop_train",
     "measure",
+    "device_info",
     "uci_cell_flops",
     "measure_uci_cell",
     "measure_particle_batches",
@@ -512,6 +513,12 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
         if bar is not None:
             bar.close()
     return document(True)
+
+
+def device_info(prov: dict[str, Any]) -> dict[str, Any]:
+    """The ``device`` entry of a benchmark document for a :func:`~bootens_core.repro.store.provenance`: its
+    device, name, cores, CPU model and memory."""
+    return _device_info(prov, _device_memory())
 
 
 def _device_info(prov: dict[str, Any], memory: int | None) -> dict[str, Any]:
