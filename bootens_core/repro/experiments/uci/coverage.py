@@ -47,10 +47,12 @@ __all__ = [
     "columns",
     "count_text",
     "counted",
+    "deviation_table",
     "device_seconds",
     "differences",
     "evidence",
     "family_counts",
+    "family_table",
     "load",
     "main",
     "plan",
@@ -131,7 +133,7 @@ class Record(NamedTuple):
 class PackCell(NamedTuple):
     """One cell as a returned pack holds it, with what ``cells.csv`` lacks: precision and when it ran."""
 
-    folder: str  # the pack's folder under packs/ (one device session)
+    folder: str  # the pack's folder under packs/ (one device call, or its windows)
     dataset: str
     method: str
     hidden_layers: int
@@ -378,7 +380,7 @@ def counted(cell: Cell, packs: Sequence[PackCell]) -> bool:
 
 def device_seconds(cell: Cell, packs: Sequence[PackCell]) -> float:
     """The device time ``cell`` used: its ``wall_s``, or, where its pack shows other cells of the same device
-    session running at the same time, its share, the integral over its run of 1/(cells running)."""
+    call running at the same time, its share, the integral over its run of 1/(cells running)."""
     pc = _match(cell, packs)
     if pc is None or pc.finished <= pc.started:
         return cell.wall_s
@@ -489,18 +491,17 @@ def columns(paper_records: Sequence[Record], deviation_records: Mapping[str, Rec
             if dev is not None and not complete:
                 rec = deviation_records.get(dev.record)
                 dev_splits = _splits([rec], d, method, layers, packs)[0] & set(range(n)) if rec else set()
-                if len(dev_splits) == n:
-                    ev = evidence(evidence_records, d, method, layers, packs, reference, n, paper)
-                    with_dev = ev.holds
-                    if ev.holds:
-                        why = (f"{dev.name}, all {n} splits; the paper's setting is worse than the "
-                               "paper's RMSE")
-                    elif ev.verdict == "too few splits":
-                        why = (f"{dev.name}, all {n} splits, not counted: no evidence, {ev.n_splits} counted "
-                               f"split(s) of the paper's setting, {MIN_EVIDENCE_SPLITS} needed")
-                    else:
-                        why = (f"{dev.name}, all {n} splits, not counted: the paper's setting is not worse "
-                               f"({ev.verdict})")
+                ev = evidence(evidence_records, d, method, layers, packs, reference, n, paper)
+                with_dev = len(dev_splits) == n and ev.holds
+                if with_dev:
+                    why = (f"{dev.name}, all {n} splits; the paper's setting is worse than the paper's RMSE "
+                           f"({ev.n_splits} splits)")
+                elif len(dev_splits) == n and ev.verdict == "too few splits":
+                    why = (f"{dev.name}, all {n} splits, not counted: no evidence, {ev.n_splits} counted "
+                           f"split(s) of the paper's setting, {MIN_EVIDENCE_SPLITS} needed")
+                elif len(dev_splits) == n:
+                    why = (f"{dev.name}, all {n} splits, not counted: the paper's setting is not worse "
+                           f"({ev.verdict})")
             out.append(Column(d, method, layers, n, tuple(sorted(good)), tuple(sorted(tf32)),
                               dev.name if dev is not None else None, tuple(sorted(dev_splits)), ev, complete,
                               with_dev, why))
@@ -523,12 +524,69 @@ def family_counts(cols: Sequence[Column]) -> list[FamilyCount]:
 
 
 def count_text(cols: Sequence[Column]) -> str:
-    """The two overall counts, each with its denominator: "7 of 54 columns at the paper's setting, 7 of 54
-    with deviations"."""
+    """The two overall counts, each with its denominator: "7 of 54 columns complete at the paper's setting,
+    7 of 54 with deviations"."""
     n = len(cols)
     a = sum(c.complete_paper for c in cols)
     b = sum(c.complete_with_deviations for c in cols)
-    return f"{a} of {n} columns at the paper's setting, {b} of {n} with deviations"
+    return f"{a} of {n} columns complete at the paper's setting, {b} of {n} with deviations"
+
+
+def family_table(cols: Sequence[Column]) -> Any:
+    """The two counts per method family as a table (a ``pandas.DataFrame``, one row per family and one for
+    all), each count with its denominator, with the datasets complete and the columns that a deviation or
+    TF32 cells would complete but do not count."""
+    import pandas as pd
+
+    rows = []
+    for fam, f in zip(FAMILIES, family_counts(cols), strict=True):
+        mine = [c for c in cols if (c.method, c.hidden_layers) == fam]
+        dev = [c for c in mine if c.deviation is not None and len(c.deviation_splits) == c.n_splits
+               and not c.complete_paper]
+        tf32 = [c for c in mine
+                if not c.complete_paper and len(c.paper_splits) + len(c.tf32_splits) == c.n_splits]
+        rows.append({
+            "method": f.label,
+            "complete at the paper's setting": f"{f.paper} of {f.n_columns}",
+            "complete with deviations": f"{f.with_deviations} of {f.n_columns}",
+            "complete on": ", ".join(c.dataset for c in mine if c.complete_with_deviations) or "—",
+            "deviation complete, not counted": ", ".join(
+                f"{c.dataset} (evidence: {c.evidence.verdict if c.evidence else '—'})"
+                for c in dev if not c.complete_with_deviations) or "—",
+            "complete only with TF32 cells": ", ".join(c.dataset for c in tf32) or "—",
+        })
+    n = len(cols)
+    rows.append({"method": "All columns",
+                 "complete at the paper's setting": f"{sum(c.complete_paper for c in cols)} of {n}",
+                 "complete with deviations": f"{sum(c.complete_with_deviations for c in cols)} of {n}",
+                 "complete on": "", "deviation complete, not counted": "",
+                 "complete only with TF32 cells": ""})
+    return pd.DataFrame(rows).set_index("method")
+
+
+def deviation_table(cols: Sequence[Column]) -> Any:
+    """The columns a deviation applies to and that are not complete at the paper's setting (a
+    ``pandas.DataFrame``): the deviation's splits, the evidence test of the paper's setting (its counted
+    splits, mean RMSE against the paper's, p, verdict) and whether the column counts, with why."""
+    import pandas as pd
+
+    rows = []
+    for c in cols:
+        if c.deviation is None or c.complete_paper:
+            continue
+        ev = c.evidence
+        rows.append({
+            "column": f"{c.dataset}, {LABELS[(c.method, c.hidden_layers)]}",
+            "deviation": c.deviation,
+            "deviation's splits": f"{len(c.deviation_splits)} of {c.n_splits}",
+            f"evidence splits ({MIN_EVIDENCE_SPLITS} needed)": "—" if ev is None else str(ev.n_splits),
+            "its RMSE (paper's)": "—" if ev is None or not math.isfinite(ev.mean)
+            else f"{ev.mean:.3g} ({ev.paper_mean:.3g})",
+            "p": "—" if ev is None or not math.isfinite(ev.p) else f"{ev.p:.2g}",
+            "evidence": "—" if ev is None else ev.verdict,
+            "counts with deviations": "yes" if c.complete_with_deviations else "no",
+        })
+    return pd.DataFrame(rows).set_index("column") if rows else pd.DataFrame()
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -116,13 +116,22 @@ def test_columns_count_by_the_rules_on_hand_built_records(tmp_path):
     assert y.evidence.n_splits == 3 and y.evidence.verdict == "worse" and y.evidence.mean == pytest.approx(51.0)
     assert not b.complete_with_deviations and b.evidence.verdict == "too few splits" and b.evidence.n_splits == 2
     assert "no evidence" in b.why and "2 counted" in b.why
-    assert cv.count_text(cols) == "4 of 12 columns at the paper's setting, 5 of 12 with deviations"
+    assert cv.count_text(cols) == "4 of 12 columns complete at the paper's setting, 5 of 12 with deviations"
     fams = {f.label: f for f in cv.family_counts(cols)}
     e4 = fams["Bootstrap ensemble 4-layer"]
     assert (e4.paper, e4.with_deviations, e4.deviation_without_evidence, e4.n_columns) == (0, 1, 1, 2)
     # Both MC dropout columns would be complete if cells without float32 products counted.
     assert fams["MC dropout 4-layer"].tf32_only == 1 and fams["MC dropout 1-layer"].tf32_only == 1
     assert fams["GP"].tf32_only == 0
+    table = cv.family_table(cols)
+    assert table.loc["All columns", "complete with deviations"] == "5 of 12"
+    assert table.loc["Bootstrap ensemble 4-layer", "complete on"] == "yacht"
+    assert table.loc["Bootstrap ensemble 4-layer", "complete with deviations"] == "1 of 2"
+    assert table.loc["MC dropout 4-layer", "complete only with TF32 cells"] == "yacht"
+    dev = cv.deviation_table(cols)
+    assert list(dev["counts with deviations"]) == ["no", "yes"]  # Boston, Yacht
+    assert list(dev["evidence"]) == ["too few splits", "worse"]
+    assert list(dev["evidence splits (3 needed)"]) == ["2", "3"]
     assert sum(f.n_columns for f in fams.values()) == 12
 
 
@@ -243,7 +252,7 @@ def test_committed_records_read_back():
         assert gpu and (k in early or k[1] == "mcd"), k  # MC dropout's GPU cells came back in no committed pack
     # Counts: each with its denominator, the deviation counted only with evidence that holds.
     text = cv.count_text(cols)
-    assert text == (f"{len(ours)} of {len(cols)} columns at the paper's setting, "
+    assert text == (f"{len(ours)} of {len(cols)} columns complete at the paper's setting, "
                     f"{sum(c.complete_with_deviations for c in cols)} of {len(cols)} with deviations")
     for c in cols:
         if c.complete_with_deviations and not c.complete_paper:
