@@ -128,6 +128,7 @@ __all__ = [
     "lbfgs_variant_cells",
     "settings",
     "family_code",
+    "stored_cells",
     "record_cells",
     "recorded_cells",
     "pack_cells",
@@ -542,6 +543,12 @@ def store_dir(key: jax.Array, cfg: UCIConfig) -> Path:
     cells)."""
     blob = json.dumps({"key": store.key_words(key), "layout": 2}, sort_keys=True)
     return store.cache_dir() / "uci-cells" / hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def stored_cells(key: jax.Array, cfg: UCIConfig, root: str | Path | None = None) -> set[Cell]:
+    """The cells of ``cfg`` already in the cell store of ``key`` (``root``: another store folder), at this code."""
+    cell_store = _CellStore(Path(root) if root is not None else store_dir(key, cfg), cfg)
+    return {c for c in cells(cfg) if cell_store.get(c) is not None}
 
 
 def _cell_store(key: jax.Array, cfg: UCIConfig) -> harness.CellStore:

@@ -1,0 +1,325 @@
+"""One device window: the paper-scale cells still missing, in stages, as several processes sharing the device.
+
+A paper-scale ensemble cell keeps a GPU busy for a few percent of its time, so P processes on one device
+interleave rather than queue: on an NVIDIA H200, six processes finished 34 cells in the device time in which
+one process finishes about 12 (``results/paper/packs/h200-2026-11-28/``). A window therefore runs P worker
+processes (``--processes``), worker ``i`` taking shard ``i/P`` of every stage, each stage a
+:func:`~bootens_core.repro.experiments.uci.experiment.run_pending` call with what is left of the window's
+budget, its cells packed as they finish (``<stage>-<i>.tar.gz``), and its log beside. Before it starts, the
+window prints how many cells the cost model (:class:`~bootens_core.repro.cellpack.CellTimes`, on the committed
+records' cell times) expects each stage to finish, and at the end everything is put into one
+``window.tar`` (a machine that returns few files returns one).
+
+The stages (:data:`STAGES`), in this order:
+
+1. ``ensemble-1``: the paper's 1-layer ensembles the committed records lack;
+2. ``fanin-4``: the 4-layer ensembles with the weight prior N(0, 1/fan-in), the named deviation, which its own
+   record ``uci-fanin`` lacks;
+3. ``prior-4``: the paper's N(0, 1) prior at 4 layers on the first 3 splits of every dataset, the evidence that
+   it fails there (cells made with TF32 products are made again);
+4. ``tf32``: the other cells of the committed records that a GPU made with TF32 products, again in float32.
+
+``python -m bootens_core.repro.experiments.uci.window --budget 480 --processes 6 --out OUT`` (the parent);
+the parent starts itself with ``--worker I/P`` for each worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["Stage", "STAGES", "StagePlan", "FLOAT32_BEFORE_FIELD", "tf32_cells", "stage_config", "plan", "main"]
+
+_RESULTS = Path("results") / "paper"
+
+
+class Stage(NamedTuple):
+    """One stage of a window: the methods it runs, the settings it changes from the profile's (``sets``,
+    field names as ``--set`` takes them), the committed records whose cells it passes over (folders under the
+    records' root), the splits it is limited to (0: all), and whether the cells a GPU made with TF32 products are
+    made again although a record holds them."""
+
+    name: str
+    methods: tuple[str, ...]
+    sets: Mapping[str, Any]
+    records: tuple[str, ...]
+    max_splits: int = 0
+    redo_tf32: bool = True
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("ensemble-1", ("ensemble-1",), {}, ("uci",)),
+    Stage("fanin-4", ("ensemble-4",), {"network.scale_by_fan_in": True}, ("uci-fanin",)),
+    Stage("prior-4", ("ensemble-4",), {}, ("uci",), max_splits=3),
+    Stage("tf32", ("ensemble-4", "ensemble-1", "mcd-4", "mcd-1"), {}, ("uci", "uci-mcd-sghmc")),
+)
+
+
+class StagePlan(NamedTuple):
+    """What the cost model expects of a stage: ``pending`` cells (after the records and the store),
+    ``expected`` of them finished within the budget over all workers, and their estimated seconds."""
+
+    stage: str
+    pending: int
+    expected: int
+    expected_s: float
+
+
+# Commits that computed float32 products in float32 (commit 0876b39 and after) but did not yet write the setting
+# into each cell's provenance (it is there from 89d0172 on); a test checks both with git where a history exists.
+FLOAT32_BEFORE_FIELD = ("c02399d43fff52499e7496877e6499a23b2ee772",)
+
+
+def tf32_cells(root: str | Path, records: Sequence[str] = ("uci", "uci-mcd-sghmc", "uci-fanin")
+               ) -> dict[str, set[tuple[str, int, str]]]:
+    """By record folder under ``root`` (results/paper): (dataset, split, method id) of its cells that a GPU made
+    with JAX's default TF32 products, to be made again in float32.
+
+    A row of a record's ``cells.csv`` computed on a GPU counts as float32 only where a committed pack (under
+    ``root/packs``) holds the same cell at the record's settings of its method with a provenance that says so:
+    ``matmul_precision`` ``"highest"``, or no such field and a commit of :data:`FLOAT32_BEFORE_FIELD`. Any other
+    GPU row (a pack that says otherwise, or no pack at all) counts as TF32."""
+    from ... import cellpack
+    from ...config import from_dict
+    from .config import UCIConfig
+    from .experiment import cell_device, cell_of, record_cells, settings
+
+    root = Path(root)
+    packed: dict[tuple[str, int, str], list[tuple[Any, bool]]] = {}
+    for path in sorted((root / "packs").rglob("*.tar.gz")):
+        manifest, members = cellpack.read_pack(path)
+        cfg = from_dict(UCIConfig, manifest["config"])
+        for rec in members.values():
+            prov = rec.get("provenance") or {}
+            precision = prov.get("matmul_precision")
+            if precision is None and prov.get("git_commit") in FLOAT32_BEFORE_FIELD:
+                precision = "highest"
+            cell = cell_of(rec)
+            packed.setdefault((cell.dataset, cell.split, cell.method), []).append((cfg, precision == "highest"))
+    out: dict[str, set[tuple[str, int, str]]] = {}
+    for name in records:
+        folder = root / name
+        if not (folder / "cells.csv").is_file():
+            continue
+        theirs = from_dict(UCIConfig, json.loads((folder / "config.json").read_text()))
+        found = set()
+        for rec in record_cells(folder):
+            if cell_device(rec) in ("", "cpu"):
+                continue
+            cell = cell_of(rec)
+            key = (cell.dataset, cell.split, cell.method)
+            mine = settings(theirs, [cell.method])
+            if not any(ok and settings(cfg, [cell.method]) == mine for cfg, ok in packed.get(key, [])):
+                found.add(key)
+        out[name] = found
+    return out
+
+
+def stage_config(stage: Stage, base: Any) -> Any:
+    """The :class:`~bootens_core.repro.experiments.uci.config.UCIConfig` of a stage: ``base`` with the stage's
+    methods, settings and split limit."""
+    from ... import config
+
+    cfg = dataclasses.replace(base, methods=tuple(stage.methods))
+    for name, value in stage.sets.items():
+        cfg = config.replace(cfg, name, value)
+    if stage.max_splits:
+        cfg = dataclasses.replace(cfg, max_splits=int(stage.max_splits))
+    return cfg
+
+
+def _redo(stage: Stage, redo: Mapping[str, set[tuple[str, int, str]]]) -> set[tuple[str, int, str]]:
+    return set().union(*(redo.get(r, set()) for r in stage.records))
+
+
+def _skipped(stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[str, int, str]]]) -> set[Any]:
+    """The cells a stage passes over: those its records hold at its settings, less their TF32 cells."""
+    from .experiment import cells, recorded_cells
+
+    # a record folder not there yet (a fresh checkout, a test) holds nothing
+    held = recorded_cells([root / r for r in stage.records if (root / r).is_dir()], cfg)
+    again = _redo(stage, redo) if stage.redo_tf32 else set()
+    held = {c for c in held if (c.dataset, c.split, c.method) not in again}
+    if stage.name == "tf32":  # this stage runs the TF32 cells and nothing else
+        held |= {c for c in cells(cfg) if (c.dataset, c.split, c.method) not in again}
+    return held
+
+
+def _pending(stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[str, int, str]]],
+             key: Any) -> list[Any]:
+    from .experiment import cells, priority, stored_cells
+
+    held = _skipped(stage, cfg, root, redo) | stored_cells(key, cfg)
+    return [c for c in priority(cells(cfg)) if c not in held]
+
+
+def plan(stages: Sequence[Stage], base: Any, root: str | Path, budget_s: float, processes: int,
+         key: Any = None, default_s: float = 600.0) -> list[StagePlan]:
+    """How many cells of each stage the cost model expects ``processes`` workers to finish in ``budget_s``:
+    each worker takes its shard of every stage in order and starts a cell when its estimate (the committed
+    records' cell times under ``root``, :func:`~bootens_core.repro.experiments.uci.experiment.reference_times`;
+    this device's, where measured) fits in what it has left, as :func:`run_pending` does."""
+    import functools
+
+    import jax
+
+    from ... import cellpack
+    from .experiment import cost_units, reference_times
+
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"a window's budget is a positive number of seconds, got {budget_s}")
+    if int(processes) < 1:
+        raise ValueError(f"a window needs at least one process, got {processes}")
+    root = Path(root)
+    key = jax.random.key(base.seed) if key is None else key
+    redo = tf32_cells(root)
+    refs = reference_times([p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()])
+    device = str(jax.devices()[0].device_kind)
+    left = [float(budget_s)] * int(processes)
+    out = []
+    for stage in stages:
+        cfg = stage_config(stage, base)
+        times = cellpack.CellTimes(functools.partial(cost_units, cfg=cfg), device=device, default_s=default_s)
+        times.add_all(cellpack.Measurement(*m[:5], own=False) for m in refs)
+        todo = _pending(stage, cfg, root, redo, key)
+        n, secs = 0, 0.0
+        for i in range(int(processes)):
+            warm: set[tuple[str, str]] = set()
+            for cell in cellpack.shard(todo, i, int(processes)):
+                est = times.estimate(cell, warm=(cell.method, cell.dataset) in warm)
+                if est <= left[i]:
+                    left[i] -= est
+                    n, secs = n + 1, secs + est
+                    warm.add((cell.method, cell.dataset))
+        out.append(StagePlan(stage.name, len(todo), n, secs))
+    return out
+
+
+def _worker(args: argparse.Namespace, base: Any) -> int:
+    import jax
+
+    from . import experiment
+
+    i, n = (int(v) for v in args.worker.split("/"))
+    root = Path(args.records)
+    key = jax.random.key(base.seed)
+    redo = tf32_cells(root)
+    refs = experiment.reference_times(
+        [p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()])
+    for stage in STAGES:
+        left = args.deadline - time.time()
+        if left < 5:
+            print(f"{stage.name} shard {i}/{n}: not started, {max(left, 0):.0f} s left of the window", flush=True)
+            continue
+        cfg = stage_config(stage, base)
+        held = _skipped(stage, cfg, root, redo)
+        out = experiment.run_pending(
+            key, cfg, budget_s=left, shard=(i, n), references=refs, recorded=held, default_s=args.default_cell_s,
+            pack=Path(args.out) / f"{stage.name}-{i}.tar.gz")
+        print(f"{stage.name} shard {i}/{n}: ran {len(out.ran)} cell(s), {len(out.remaining)} remaining, "
+              f"{len(out.failed)} failed", flush=True)
+        for note in out.notes:
+            print(f"  {note}", flush=True)
+    return 0
+
+
+def _base_config(args: argparse.Namespace) -> Any:
+    from ... import config
+    from .config import UCIConfig
+
+    cfg = config.for_profile(UCIConfig, args.profile)
+    if args.datasets:
+        cfg = dataclasses.replace(cfg, datasets=tuple(args.datasets))
+    for item in args.set or []:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
+        value = json.loads(text)
+        current = config.get(cfg, name)
+        cfg = config.replace(cfg, name, tuple(value) if isinstance(current, tuple) else value)
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The window's command line (the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m bootens_core.repro.experiments.uci.window",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--budget", type=float, required=True, help="seconds the workers may spend on cells")
+    p.add_argument("--processes", type=int, default=1, help="worker processes sharing the device")
+    p.add_argument("--out", required=True, help="folder of the packs, logs and window.tar")
+    p.add_argument("--records", default=str(_RESULTS), help="the committed records' root (results/paper)")
+    p.add_argument("--profile", choices=["quick", "paper"], default="paper")
+    p.add_argument("--datasets", nargs="+", default=None)
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="a setting of every stage (JSON value)")
+    p.add_argument("--default-cell-s", type=float, default=600.0,
+                   help="estimate of a cell whose method family has no measured time")
+    p.add_argument("--plan-only", action="store_true", help="print what the cost model expects, run nothing")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    import jax
+
+    from ...cli import MATMUL_PRECISION
+
+    jax.config.update("jax_enable_x64", True)  # as the bootens command: the experiments compute in float64
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+    try:
+        base = _base_config(args)
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        print(f"window: {exc}", file=sys.stderr)
+        return 2
+    if args.worker is not None:
+        return _worker(args, base)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    try:
+        stages = plan(STAGES, base, args.records, args.budget, args.processes, default_s=args.default_cell_s)
+    except ValueError as exc:
+        print(f"window: {exc}", file=sys.stderr)
+        return 2
+    total = sum(s.expected for s in stages)
+    print(f"window: {args.processes} process(es), {args.budget:.0f} s each; the cost model expects {total} cell(s) "
+          f"of {sum(s.pending for s in stages)} pending:", flush=True)
+    for s in stages:
+        print(f"  {s.stage}: {s.expected} of {s.pending} (~{s.expected_s:.0f} s of worker time)", flush=True)
+    if args.plan_only:
+        return 0
+    deadline = start + args.budget
+    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(0.9, 0.9 / args.processes):.3f}"}
+    passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+    procs = []
+    for i in range(args.processes):
+        log = open(out / f"worker-{i}.log", "w")
+        module = __spec__.name if __spec__ is not None else __name__  # "__main__" under python -m
+        cmd = [sys.executable, "-m", module, *passed, "--worker", f"{i}/{args.processes}",
+               "--deadline", repr(deadline)]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    codes = []
+    for proc, log in procs:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, deadline - time.time()) + 120))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+        log.close()
+    with tarfile.open(out / "window.tar", "w") as tar:
+        for f in sorted(out.iterdir()):
+            if f.name != "window.tar":
+                tar.add(f, arcname=f.name)
+    print(f"window: workers exited {codes} after {time.time() - start:.0f} s; wrote {out / 'window.tar'}", flush=True)
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One GPU window, one command of at most 9 minutes: a short benchmark, then the paper-scale cells still missing,
+# in stages (bootens_core/repro/experiments/uci/window.py: the 1-layer ensembles, the 4-layer ensembles with the
+# fan-in prior, the paper's N(0, 1) prior at 4 layers on 3 splits a dataset, the cells made with TF32 products
+# again in float32), as PROCESSES workers sharing the device. It prints, before the cells start, how many the
+# cost model expects to finish. What comes back ($OUT, or bootens-out/window): bench.log, uci-dataset.json,
+# window.log and window.tar (every pack and worker log), then fold the packs at COMMIT (results/paper/README.md).
+#
+# usage: bash results/paper/device.sh COMMIT [window arguments...]
+#   environment: WINDOW_S (530: the whole command, bench included), PROCESSES (6), BENCH_S (60; 0 skips),
+#   BOOTENS_DATA_DIR (default: .bootens_cache/uci-data, carried to the machine)
+set -u
+commit=${1:?usage: bash results/paper/device.sh COMMIT [window arguments...]}
+shift
+window_s=${WINDOW_S:-530}; processes=${PROCESSES:-6}; bench_s=${BENCH_S:-60}
+out=${OUT:-bootens-out/window}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 BOOTENS_GIT_COMMIT=$commit
+export BOOTENS_DATA_DIR=${BOOTENS_DATA_DIR:-$PWD/.bootens_cache/uci-data} BOOTENS_CACHE_DIR=${BOOTENS_CACHE_DIR:-$PWD/.bootens_cache}
+py=${PYTHON:-python}
+start=$(date +%s)
+if [ "$bench_s" -gt 0 ]; then
+  timeout "$bench_s" $py -m bootens_core.repro.cli bench --case uci-dataset --datasets kin8nm protein --models 1 4 \
+      --repeats 3 --out "$out" > "$out/bench.log" 2>&1
+fi
+# what is left of the window, less 45 s for the last cell running over its estimate and the packing
+budget=$(( window_s - ($(date +%s) - start) - 45 ))
+if [ "$budget" -lt 10 ]; then
+  echo "device.sh: no time left for cells ($budget s)" | tee "$out/window.log"; exit 0
+fi
+work=$(mktemp -d)
+$py -m bootens_core.repro.experiments.uci.window --budget "$budget" --processes "$processes" --out "$work" "$@" \
+    2>&1 | tee "$out/window.log"
+cp "$work/window.tar" "$out/window.tar"
+ls -la "$out"
