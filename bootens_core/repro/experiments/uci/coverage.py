@@ -379,10 +379,11 @@ def counted(cell: Cell, packs: Sequence[PackCell]) -> bool:
 
 
 def device_seconds(cell: Cell, packs: Sequence[PackCell]) -> float:
-    """The device time ``cell`` used: its ``wall_s``, or, where its pack shows other cells of the same device
-    call running at the same time, its share, the integral over its run of 1/(cells running)."""
+    """The device time ``cell`` used: its ``wall_s``, or, for a GPU cell whose pack shows other cells of the
+    same device call running on the GPU at the same time, its share, the integral over its run of
+    1/(cells running). CPU cells keep their wall time: processes side by side there run on separate cores."""
     pc = _match(cell, packs)
-    if pc is None or pc.finished <= pc.started:
+    if pc is None or pc.finished <= pc.started or cell.device == "cpu":
         return cell.wall_s
     others = [q for q in packs if q.folder == pc.folder and q.device == pc.device]
     edges = sorted({pc.started, pc.finished, *(t for q in others for t in (q.started, q.finished)

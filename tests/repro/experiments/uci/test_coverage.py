@@ -167,13 +167,16 @@ def test_records_that_break_the_rules_are_refused(tmp_path):
 
 
 def test_device_seconds_share_the_device_among_cells_running_together(tmp_path):
-    # A runs 0-100 s, B 50-150 s, C 200-260 s in one device session; D 0-100 s in another.
+    # A runs 0-100 s, B 50-150 s, C 200-260 s in one device call; D 0-100 s in another.
     _pack(tmp_path / "packs" / "s" / "p.tar.gz", [
         _pcell("boston", "ensemble", 1, 0, 100.0, "2026-01-01T00:01:40Z"),
         _pcell("boston", "ensemble", 1, 1, 100.0, "2026-01-01T00:02:30Z"),
         _pcell("boston", "ensemble", 1, 2, 60.0, "2026-01-01T00:04:20Z")])
     _pack(tmp_path / "packs" / "t" / "p.tar.gz", [_pcell("yacht", "ensemble", 1, 0, 100.0, "2026-01-01T00:01:40Z")])
+    _pack(tmp_path / "packs" / "c" / "p.tar.gz", [  # two CPU processes side by side: separate cores
+        _pcell("energy", "ensemble", 1, k, 100.0, "2026-01-01T00:01:40Z", device="cpu") for k in range(2)])
     packs = cv.read_packs(tmp_path / "packs")
+    assert cv.device_seconds(cv.Cell("energy", 0, "ensemble", 1, 1.0, 1.0, 100.0, "cpu"), packs) == 100.0
     cell = lambda d, k, w: cv.Cell(d, k, "ensemble", 1, 1.0, 1.0, w, "NVIDIA H100 80GB HBM3")
     assert cv.device_seconds(cell("boston", 0, 100.0), packs) == pytest.approx(50 + 50 / 2)
     assert cv.device_seconds(cell("boston", 1, 100.0), packs) == pytest.approx(50 / 2 + 50)
