@@ -97,8 +97,9 @@ def _named(name: str, package_dir: Path) -> tuple[set[str], set[str]]:
     return ({own} if own else set()), parents - {own}
 
 
-def _imports_in(tree: ast.AST, importer: str, importer_is_package: bool,
-                package_dir: Path) -> tuple[set[str], set[str]]:
+def _imports_in(
+    tree: ast.AST, importer: str, importer_is_package: bool, package_dir: Path
+) -> tuple[set[str], set[str]]:
     """Package files that the import statements anywhere in ``tree`` name (to follow) and the ``__init__``
     files of the packages above them (to hash only)."""
     follow: set[str] = set()
@@ -114,8 +115,8 @@ def _imports_in(tree: ast.AST, importer: str, importer_is_package: bool,
             for alias in node.names:
                 add(alias.name)
         elif isinstance(node, ast.ImportFrom):
-            # from B import n, ...: a submodule n is imported by name (followed) and B is then only its parent;
-            # any other n is a name that B's own code defines or re-exports, so B is followed.
+            # from B import n, ...: a submodule n is imported by name (followed) and B is then only its
+            # parent; any other n is a name that B's own code defines or re-exports, so B is followed.
             base = _absolute(node.module, node.level, importer, importer_is_package)
             subs = [f"{base}.{a.name}" for a in node.names if module_file(f"{base}.{a.name}", package_dir)]
             for sub in subs:
@@ -136,8 +137,9 @@ def _direct_imports(rel: str, package_dir: Path, stamp: int) -> tuple[frozenset[
     return frozenset(follow), frozenset(parents)
 
 
-def import_closure(files: Iterable[str], parents: Iterable[str] = (),
-                   package_dir: Path | None = None) -> tuple[str, ...]:
+def import_closure(
+    files: Iterable[str], parents: Iterable[str] = (), package_dir: Path | None = None
+) -> tuple[str, ...]:
     """``files`` (package-relative paths) and every package module they import, directly or not, sorted.
 
     A module's imports are followed; the ``__init__`` of a package above an imported module is included but
@@ -176,7 +178,8 @@ def _plain_repr(value: Any) -> str:
     if isinstance(value, (set, frozenset)):
         return "{" + ", ".join(sorted(_plain_repr(v) for v in value)) + "}"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_plain_repr(k)}: {_plain_repr(v)}" for k, v in sorted(value.items(), key=repr)) + "}"
+        items = sorted(value.items(), key=repr)
+        return "{" + ", ".join(f"{_plain_repr(k)}: {_plain_repr(v)}" for k, v in items) + "}"
     if isinstance(value, (tuple, list)):
         return type(value).__name__ + "(" + ", ".join(_plain_repr(v) for v in value) + ")"
     return repr(value)
@@ -201,15 +204,18 @@ def _unwrap(obj: Any) -> Any:
     """The function behind ``functools.partial``/``wraps``/``jax.jit`` wrappers where it can be found."""
     seen = 0
     while seen < 8:
-        inner = getattr(obj, "__wrapped__", None) or (obj.func if isinstance(obj, functools.partial) else None)
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is None and isinstance(obj, functools.partial):
+            inner = obj.func
         if inner is None:
             return obj
         obj, seen = inner, seen + 1
     return obj
 
 
-def reach(roots: Sequence[Callable[..., Any] | type], *, skip: Collection[str] = (),
-          package_dir: Path | None = None) -> Reach:
+def reach(
+    roots: Sequence[Callable[..., Any] | type], *, skip: Collection[str] = (), package_dir: Path | None = None
+) -> Reach:
     """Everything the ``roots`` (functions or classes of the package) reach, as the module docstring says.
 
     The source of a root's own module enters only through the functions followed, so an edit elsewhere in
@@ -227,7 +233,9 @@ def reach(roots: Sequence[Callable[..., Any] | type], *, skip: Collection[str] =
         obj = todo.pop()
         home = _home(obj)
         if home is None:
-            raise ValueError(f"{obj!r} is not a function or class of {_PACKAGE}: it cannot be a root of a code key")
+            raise ValueError(
+                f"{obj!r} is not a function or class of {_PACKAGE}: it cannot be a root of a code key"
+            )
         qual = f"{home}:{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
         if qual in followed:
             continue
@@ -246,8 +254,12 @@ def reach(roots: Sequence[Callable[..., Any] | type], *, skip: Collection[str] =
             value = scope[name]
             target = _unwrap(value)
             where = _home(target)
-            if isinstance(target, types.ModuleType) or inspect.isfunction(target) or inspect.isclass(target) \
-                    or inspect.isbuiltin(target):
+            if (
+                isinstance(target, types.ModuleType)
+                or inspect.isfunction(target)
+                or inspect.isclass(target)
+                or inspect.isbuiltin(target)
+            ):
                 if where == home and not isinstance(target, types.ModuleType):
                     todo.append(target)
                 elif where is not None:
@@ -257,13 +269,16 @@ def reach(roots: Sequence[Callable[..., Any] | type], *, skip: Collection[str] =
             elif _is_plain(value):
                 data[f"{home}:{name}"] = _plain_repr(value)
             elif where is None and _home(type(value)) is None and callable(value):
-                continue  # a callable object of another library (a ufunc, a jitted function of another library)
+                continue  # a callable object of another library (a ufunc, another library's jitted function)
             else:
-                raise ValueError(f"{home}.{name} is neither a function, class, module nor plain value "
-                                 f"({type(value).__name__}): say in skip= how a code key treats it")
+                raise ValueError(
+                    f"{home}.{name} is neither a function, class, module nor plain value "
+                    f"({type(value).__name__}): say in skip= how a code key treats it"
+                )
     files.discard("")
     functions = tuple(sorted(followed))
-    return Reach(functions, tuple(followed[q] for q in functions), import_closure(files, parents, root_dir), data)
+    code = tuple(followed[q] for q in functions)
+    return Reach(functions, code, import_closure(files, parents, root_dir), data)
 
 
 def digest(r: Reach, package_dir: Path | None = None) -> str:

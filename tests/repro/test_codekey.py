@@ -1,4 +1,4 @@
-"""bootens_core.repro.codekey: the import closure of a module set, against a package whose imports are known."""
+"""bootens_core.repro.codekey: the import closure of modules, against a package whose imports are known."""
 
 from __future__ import annotations
 
@@ -41,8 +41,17 @@ def test_closure_follows_named_modules_lazy_imports_and_hashes_parents_only(tmp_
     got = set(codekey.import_closure(["a.py"], package_dir=pkg))
     # a -> b -> (lazy) c -> q (named package: followed) -> q/z; a -> p/x -> d; p/__init__ and the top __init__
     # hashed as parents of what is imported; p/y only through p/__init__, which is not followed.
-    assert got == {"a.py", "b.py", "c.py", "q/__init__.py", "q/z.py", "p/x.py", "d.py", "p/__init__.py",
-                   "__init__.py"}
+    assert got == {
+        "a.py",
+        "b.py",
+        "c.py",
+        "q/__init__.py",
+        "q/z.py",
+        "p/x.py",
+        "d.py",
+        "p/__init__.py",
+        "__init__.py",
+    }
 
 
 def test_closure_of_a_leaf_and_a_missing_module(tmp_path):

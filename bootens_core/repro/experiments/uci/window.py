@@ -15,8 +15,8 @@ The stages (:data:`STAGES`), in this order:
 1. ``ensemble-1``: the paper's 1-layer ensembles the committed records lack;
 2. ``fanin-4``: the 4-layer ensembles with the weight prior N(0, 1/fan-in), the named deviation, which its own
    record ``uci-fanin`` lacks;
-3. ``prior-4``: the paper's N(0, 1) prior at 4 layers on the first 3 splits of every dataset, the evidence that
-   it fails there (cells made with TF32 products are made again);
+3. ``prior-4``: the paper's N(0, 1) prior at 4 layers on the first 3 splits of every dataset, the evidence
+   that it fails there (cells made with TF32 products are made again);
 4. ``tf32``: the other cells of the committed records that a GPU made with TF32 products, again in float32.
 
 ``python -m bootens_core.repro.experiments.uci.window --budget 480 --processes 6 --out OUT`` (the parent);
@@ -38,7 +38,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Stage", "STAGES", "StagePlan", "FLOAT32_BEFORE_FIELD", "tf32_cells", "stage_config", "plan", "main"]
+__all__ = [
+    "Stage",
+    "STAGES",
+    "StagePlan",
+    "FLOAT32_BEFORE_FIELD",
+    "tf32_cells",
+    "stage_config",
+    "plan",
+    "main",
+]
 
 _RESULTS = Path("results") / "paper"
 
@@ -46,7 +55,8 @@ _RESULTS = Path("results") / "paper"
 class Stage(NamedTuple):
     """One stage of a window: the methods it runs, the settings it changes from the profile's (``sets``,
     field names as ``--set`` takes them), the committed records whose cells it passes over (folders under the
-    records' root), the splits it is limited to (0: all), and whether the cells a GPU made with TF32 products are
+    records' root), the splits it is limited to (0: all), and whether the cells a GPU made with TF32 products
+    are
     made again although a record holds them."""
 
     name: str
@@ -75,19 +85,24 @@ class StagePlan(NamedTuple):
     expected_s: float
 
 
-# Commits that computed float32 products in float32 (commit 0876b39 and after) but did not yet write the setting
-# into each cell's provenance (it is there from 89d0172 on); a test checks both with git where a history exists.
+# Commits that computed float32 products in float32 (commit 0876b39 and after) but did not yet write the
+# setting
+# into each cell's provenance (it is there from 89d0172 on); a test checks both with git where a history
+# exists.
 FLOAT32_BEFORE_FIELD = ("c02399d43fff52499e7496877e6499a23b2ee772",)
 
 
-def tf32_cells(root: str | Path, records: Sequence[str] = ("uci", "uci-mcd-sghmc", "uci-fanin")
-               ) -> dict[str, set[tuple[str, int, str]]]:
-    """By record folder under ``root`` (results/paper): (dataset, split, method id) of its cells that a GPU made
+def tf32_cells(
+    root: str | Path, records: Sequence[str] = ("uci", "uci-mcd-sghmc", "uci-fanin")
+) -> dict[str, set[tuple[str, int, str]]]:
+    """By record folder under ``root`` (results/paper): (dataset, split, method id) of its cells that a GPU
+    made
     with JAX's default TF32 products, to be made again in float32.
 
     A row of a record's ``cells.csv`` computed on a GPU counts as float32 only where a committed pack (under
     ``root/packs``) holds the same cell at the record's settings of its method with a provenance that says so:
-    ``matmul_precision`` ``"highest"``, or no such field and a commit of :data:`FLOAT32_BEFORE_FIELD`. Any other
+    ``matmul_precision`` ``"highest"``, or no such field and a commit of :data:`FLOAT32_BEFORE_FIELD`. Any
+    other
     GPU row (a pack that says otherwise, or no pack at all) counts as TF32."""
     from ... import cellpack
     from ...config import from_dict
@@ -105,7 +120,9 @@ def tf32_cells(root: str | Path, records: Sequence[str] = ("uci", "uci-mcd-sghmc
             if precision is None and prov.get("git_commit") in FLOAT32_BEFORE_FIELD:
                 precision = "highest"
             cell = cell_of(rec)
-            packed.setdefault((cell.dataset, cell.split, cell.method), []).append((cfg, precision == "highest"))
+            packed.setdefault((cell.dataset, cell.split, cell.method), []).append(
+                (cfg, precision == "highest")
+            )
     out: dict[str, set[tuple[str, int, str]]] = {}
     for name in records:
         folder = root / name
@@ -155,19 +172,28 @@ def _skipped(stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[st
     return held
 
 
-def _pending(stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[str, int, str]]],
-             key: Any) -> list[Any]:
+def _pending(
+    stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[str, int, str]]], key: Any
+) -> list[Any]:
     from .experiment import cells, priority, stored_cells
 
     held = _skipped(stage, cfg, root, redo) | stored_cells(key, cfg)
     return [c for c in priority(cells(cfg)) if c not in held]
 
 
-def plan(stages: Sequence[Stage], base: Any, root: str | Path, budget_s: float, processes: int,
-         key: Any = None, default_s: float = 600.0) -> list[StagePlan]:
+def plan(
+    stages: Sequence[Stage],
+    base: Any,
+    root: str | Path,
+    budget_s: float,
+    processes: int,
+    key: Any = None,
+    default_s: float = 600.0,
+) -> list[StagePlan]:
     """How many cells of each stage the cost model expects ``processes`` workers to finish in ``budget_s``:
     each worker takes its shard of every stage in order and starts a cell when its estimate (the committed
-    records' cell times under ``root``, :func:`~bootens_core.repro.experiments.uci.experiment.reference_times`;
+    records' cell times under ``root``,
+    :func:`~bootens_core.repro.experiments.uci.experiment.reference_times`;
     this device's, where measured) fits in what it has left, as :func:`run_pending` does."""
     import functools
 
@@ -183,7 +209,9 @@ def plan(stages: Sequence[Stage], base: Any, root: str | Path, budget_s: float, 
     root = Path(root)
     key = jax.random.key(base.seed) if key is None else key
     redo = tf32_cells(root)
-    refs = reference_times([p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()])
+    refs = reference_times(
+        [p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()]
+    )
     device = str(jax.devices()[0].device_kind)
     left = [float(budget_s)] * int(processes)
     out = []
@@ -215,22 +243,40 @@ def _worker(args: argparse.Namespace, base: Any) -> int:
     key = jax.random.key(base.seed)
     redo = tf32_cells(root)
     refs = experiment.reference_times(
-        [p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()])
-    for stage in STAGES:
+        [p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()]
+    )
+    for stage in _chosen(args):
         left = args.deadline - time.time()
         if left < 5:
-            print(f"{stage.name} shard {i}/{n}: not started, {max(left, 0):.0f} s left of the window", flush=True)
+            print(
+                f"{stage.name} shard {i}/{n}: not started, {max(left, 0):.0f} s left of the window",
+                flush=True,
+            )
             continue
         cfg = stage_config(stage, base)
         held = _skipped(stage, cfg, root, redo)
         out = experiment.run_pending(
-            key, cfg, budget_s=left, shard=(i, n), references=refs, recorded=held, default_s=args.default_cell_s,
-            pack=Path(args.out) / f"{stage.name}-{i}.tar.gz")
-        print(f"{stage.name} shard {i}/{n}: ran {len(out.ran)} cell(s), {len(out.remaining)} remaining, "
-              f"{len(out.failed)} failed", flush=True)
+            key,
+            cfg,
+            budget_s=left,
+            shard=(i, n),
+            references=refs,
+            recorded=held,
+            default_s=args.default_cell_s,
+            pack=Path(args.out) / f"{stage.name}-{i}.tar.gz",
+        )
+        print(
+            f"{stage.name} shard {i}/{n}: ran {len(out.ran)} cell(s), {len(out.remaining)} remaining, "
+            f"{len(out.failed)} failed",
+            flush=True,
+        )
         for note in out.notes:
             print(f"  {note}", flush=True)
     return 0
+
+
+def _chosen(args: argparse.Namespace) -> tuple[Stage, ...]:
+    return tuple(s for s in STAGES if args.stages is None or s.name in args.stages)
 
 
 def _base_config(args: argparse.Namespace) -> Any:
@@ -252,17 +298,31 @@ def _base_config(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The window's command line (the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m bootens_core.repro.experiments.uci.window",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bootens_core.repro.experiments.uci.window", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--budget", type=float, required=True, help="seconds the workers may spend on cells")
     p.add_argument("--processes", type=int, default=1, help="worker processes sharing the device")
     p.add_argument("--out", required=True, help="folder of the packs, logs and window.tar")
     p.add_argument("--records", default=str(_RESULTS), help="the committed records' root (results/paper)")
     p.add_argument("--profile", choices=["quick", "paper"], default="paper")
     p.add_argument("--datasets", nargs="+", default=None)
-    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="a setting of every stage (JSON value)")
-    p.add_argument("--default-cell-s", type=float, default=600.0,
-                   help="estimate of a cell whose method family has no measured time")
+    p.add_argument(
+        "--set", action="append", metavar="FIELD=VALUE", help="a setting of every stage (JSON value)"
+    )
+    p.add_argument(
+        "--default-cell-s",
+        type=float,
+        default=600.0,
+        help="estimate of a cell whose method family has no measured time",
+    )
+    p.add_argument(
+        "--stages",
+        nargs="+",
+        default=None,
+        choices=[s.name for s in STAGES],
+        help="run only these stages (default: all, in their order)",
+    )
     p.add_argument("--plan-only", action="store_true", help="print what the cost model expects, run nothing")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
@@ -284,13 +344,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     try:
-        stages = plan(STAGES, base, args.records, args.budget, args.processes, default_s=args.default_cell_s)
+        stages = plan(
+            _chosen(args), base, args.records, args.budget, args.processes, default_s=args.default_cell_s
+        )
     except ValueError as exc:
         print(f"window: {exc}", file=sys.stderr)
         return 2
     total = sum(s.expected for s in stages)
-    print(f"window: {args.processes} process(es), {args.budget:.0f} s each; the cost model expects {total} cell(s) "
-          f"of {sum(s.pending for s in stages)} pending:", flush=True)
+    print(
+        f"window: {args.processes} process(es), {args.budget:.0f} s each; "
+        f"the cost model expects {total} cell(s) "
+        f"of {sum(s.pending for s in stages)} pending:",
+        flush=True,
+    )
     for s in stages:
         print(f"  {s.stage}: {s.expected} of {s.pending} (~{s.expected_s:.0f} s of worker time)", flush=True)
     if args.plan_only:
@@ -302,8 +368,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.processes):
         log = open(out / f"worker-{i}.log", "w")
         module = __spec__.name if __spec__ is not None else __name__  # "__main__" under python -m
-        cmd = [sys.executable, "-m", module, *passed, "--worker", f"{i}/{args.processes}",
-               "--deadline", repr(deadline)]
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            *passed,
+            "--worker",
+            f"{i}/{args.processes}",
+            "--deadline",
+            repr(deadline),
+        ]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
     codes = []
     for proc, log in procs:
@@ -317,7 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in sorted(out.iterdir()):
             if f.name != "window.tar":
                 tar.add(f, arcname=f.name)
-    print(f"window: workers exited {codes} after {time.time() - start:.0f} s; wrote {out / 'window.tar'}", flush=True)
+    print(
+        f"window: workers exited {codes} after {time.time() - start:.0f} s; wrote {out / 'window.tar'}",
+        flush=True,
+    )
     return 0 if all(c == 0 for c in codes) else 1
 
 

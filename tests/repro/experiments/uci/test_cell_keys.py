@@ -3,8 +3,8 @@
 Two checks against the truth rather than against a list: (1) a cell of each family is computed under a profile
 hook that records every Python function called; each package file those functions live in must be among the
 files the family's key hashes, and each function of the experiment module among the functions whose source it
-hashes; (2) a byte of the line search is changed in a copy of the package, and a fresh interpreter on that copy
-gives the ensembles a new key and the families that never run the line search their old one.
+hashes; (2) a byte of the line search is changed in a copy of the package, and a fresh interpreter on that
+copy gives the ensembles a new key and the families that never run the line search their old one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ import pytest
 import bootens_core
 from bootens_core.repro.experiments.uci import experiment
 from bootens_core.repro.experiments.uci.config import UCIConfig
-from bootens_core.repro.config import DeepEnsembleConfig, GPConfig, LBFGSConfig, MCDropoutConfig, NetworkConfig, SGHMCConfig
+from bootens_core.repro.config import (
+    DeepEnsembleConfig,
+    GPConfig,
+    LBFGSConfig,
+    MCDropoutConfig,
+    NetworkConfig,
+    SGHMCConfig,
+)
 from bootens_core.repro.harness import Cell
 
 jax.config.update("jax_enable_x64", True)
@@ -36,10 +43,15 @@ MONITORING = os.path.join("jax", "_src", "monitoring.py")
 
 # Small enough to run every family in seconds; the code paths are those of the paper-scale cells.
 TINY = UCIConfig(
-    datasets=("yacht",), n_particles=3, noise_grid=(0.01, 0.1), network=NetworkConfig(width=8),
-    lbfgs=LBFGSConfig(steps=1, iters_per_step=2), mcd=MCDropoutConfig(epochs_x=1, samples=10),
+    datasets=("yacht",),
+    n_particles=3,
+    noise_grid=(0.01, 0.1),
+    network=NetworkConfig(width=8),
+    lbfgs=LBFGSConfig(steps=1, iters_per_step=2),
+    mcd=MCDropoutConfig(epochs_x=1, samples=10),
     sghmc=SGHMCConfig(restarts=2, draws=2, burn_in=3, thin=3),
-    deep=DeepEnsembleConfig(n_networks=2, epochs=1), gp=GPConfig(max_iter=3),
+    deep=DeepEnsembleConfig(n_networks=2, epochs=1),
+    gp=GPConfig(max_iter=3),
 )
 
 
@@ -49,8 +61,8 @@ def _called(fn) -> set[tuple[str, str]]:
 
     def hook(frame, event, arg):
         if event == "call":
-            # A listener that jax.monitoring calls (the compile-time counter a timed cell registers, and which stays
-            # registered for the process) is JAX reporting to us, not the cell calling package code.
+            # A listener that jax.monitoring calls (the compile-time counter a timed cell registers, and
+            # which stays registered for the process) is JAX reporting to us, not the cell calling package code.
             if frame.f_back is not None and frame.f_back.f_code.co_filename.endswith(MONITORING):
                 return
             code = frame.f_code
@@ -80,8 +92,11 @@ def _families():
 @pytest.mark.parametrize("family", _families())
 def test_every_module_a_cell_runs_is_in_its_family_key(family, monkeypatch):
     monkeypatch.setenv("BOOTENS_DATA_DIR", MIRROR)
-    method_id = next(m for m in ("ensemble-1", "plain-1", "deep-1", "gp", "mcd-1", "sghmc-1")
-                     if m.partition("-")[0] == family)
+    method_id = next(
+        m
+        for m in ("ensemble-1", "plain-1", "deep-1", "gp", "mcd-1", "sghmc-1")
+        if m.partition("-")[0] == family
+    )
     called = _called(lambda: experiment.compute_cell(jax.random.key(0), TINY, Cell("yacht", 0, method_id)))
     code = experiment.family_code(family)
     ours = {(Path(f).resolve(), q) for f, q in called if Path(f).resolve().is_relative_to(PKG)}
@@ -89,10 +104,13 @@ def test_every_module_a_cell_runs_is_in_its_family_key(family, monkeypatch):
     files = {p.relative_to(PKG).as_posix() for p, _ in ours if p != EXPERIMENT}
     missing = sorted(files - set(code.files))
     assert not missing, f"{family}: modules run by a cell but not in its key: {missing}"
-    # Functions of the experiment module: by their top-level name (nested functions live in their parent's source).
+    # Functions of the experiment module: by their top-level name (nested functions live in their parent's
+    # source).
     hashed = {q.rpartition(":")[2] for q in code.functions}
     run = {q.split(".")[0] for p, q in ours if p == EXPERIMENT}
-    assert not run - hashed, f"{family}: functions of the experiment module run but not hashed: {run - hashed}"
+    assert not run - hashed, (
+        f"{family}: functions of the experiment module run but not hashed: {run - hashed}"
+    )
 
 
 _PRINT_KEYS = """
@@ -105,8 +123,14 @@ print(json.dumps({f: experiment._family_hash(UCIConfig(), f) for f in experiment
 
 def _keys_of(package_parent: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(package_parent), "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", _PRINT_KEYS], env=env, cwd=package_parent, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PRINT_KEYS],
+        env=env,
+        cwd=package_parent,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -114,7 +138,9 @@ def test_a_byte_of_the_line_search_changes_the_ensemble_keys_only(tmp_path):
     copy = tmp_path / "bootens_core"
     shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     before = _keys_of(tmp_path)
-    assert before == {f: experiment._family_hash(UCIConfig(), f) for f in experiment._FAMILIES}  # a copy keys alike
+    assert before == {
+        f: experiment._family_hash(UCIConfig(), f) for f in experiment._FAMILIES
+    }  # a copy keys alike
     path = copy / "ensemble" / "linesearch.py"
     data = bytearray(path.read_bytes())
     i = data.index(b"#")  # a comment's first byte: the code runs the same, the bytes differ

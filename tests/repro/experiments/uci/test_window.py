@@ -1,5 +1,5 @@
-"""uci.window: the stages of a device window, its plan, the TF32 cells, and results/paper/device.sh end to end on
-a CPU with a tiny budget and tiny cells."""
+"""uci.window: the stages of a device window, its plan, the TF32 cells, and results/paper/device.sh end to
+end on a CPU with a tiny budget and tiny cells."""
 
 from __future__ import annotations
 
@@ -23,17 +23,30 @@ MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(ROOT.parent / "shared" / "dat
 def _gpu_rows(record: Path) -> set[tuple[str, int, str]]:
     with open(record / "cells.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    return {(r["dataset"], int(r["split"]), r["method"] + (f"-{r['hidden_layers']}" if r["method"] != "gp" else ""))
-            for r in rows if r["device"] not in ("", "cpu")}
+    return {
+        (
+            r["dataset"],
+            int(r["split"]),
+            r["method"] + (f"-{r['hidden_layers']}" if r["method"] != "gp" else ""),
+        )
+        for r in rows
+        if r["device"] not in ("", "cpu")
+    }
 
 
 def test_tf32_cells_of_the_committed_records():
     got = window.tf32_cells(RESULTS)
     # results/paper/README.md: the first H200 windows (TF32) left Boston's and Concrete's 4-layer splits 0-1,
     # Yacht's 4-layer split 0 and Concrete's 1-layer splits 0-1 in uci/; every later GPU cell there is float32
-    assert got["uci"] == {("boston", 0, "ensemble-4"), ("boston", 1, "ensemble-4"), ("concrete", 0, "ensemble-4"),
-                          ("concrete", 1, "ensemble-4"), ("yacht", 0, "ensemble-4"), ("concrete", 0, "ensemble-1"),
-                          ("concrete", 1, "ensemble-1")}
+    assert got["uci"] == {
+        ("boston", 0, "ensemble-4"),
+        ("boston", 1, "ensemble-4"),
+        ("concrete", 0, "ensemble-4"),
+        ("concrete", 1, "ensemble-4"),
+        ("yacht", 0, "ensemble-4"),
+        ("concrete", 0, "ensemble-1"),
+        ("concrete", 1, "ensemble-1"),
+    }
     # the MC dropout cells an H200 made in TF32 came back in packs that were not committed: all its GPU rows
     assert got["uci-mcd-sghmc"] == _gpu_rows(RESULTS / "uci-mcd-sghmc") and len(got["uci-mcd-sghmc"]) == 17
     assert got["uci-fanin"] == set()  # made on H100s and an H200 with float32 products, packs committed
@@ -43,8 +56,10 @@ def test_float32_commits_before_the_field_are_between_the_setting_and_the_field(
     if not (ROOT / ".git").exists():
         pytest.skip("no git history")
     for commit in window.FLOAT32_BEFORE_FIELD:
+
         def ancestor(a, b):
             return subprocess.run(["git", "merge-base", "--is-ancestor", a, b], cwd=ROOT).returncode == 0
+
         if subprocess.run(["git", "cat-file", "-e", commit], cwd=ROOT).returncode != 0:
             pytest.skip("a shallow history")
         assert ancestor("0876b39", commit)  # float32 products set by the command
@@ -72,8 +87,24 @@ def test_plan_counts_within_pending_and_refuses_bad_input(tmp_path, monkeypatch)
         window.plan(window.STAGES, UCIConfig(), RESULTS, 10.0, 0)
 
 
-TINY = ["--profile", "quick", "--datasets", "yacht", "--set", "n_particles=3", "--set", "lbfgs.steps=1",
-        "--set", "lbfgs.iters_per_step=2", "--set", "noise_grid=[0.01, 0.1]", "--set", "max_splits=1", "--default-cell-s", "5"]
+TINY = [
+    "--profile",
+    "quick",
+    "--datasets",
+    "yacht",
+    "--set",
+    "n_particles=3",
+    "--set",
+    "lbfgs.steps=1",
+    "--set",
+    "lbfgs.iters_per_step=2",
+    "--set",
+    "noise_grid=[0.01, 0.1]",
+    "--set",
+    "max_splits=1",
+    "--default-cell-s",
+    "5",
+]
 
 
 @pytest.mark.skipif(not Path(MIRROR).is_dir(), reason=f"no UCI mirror at {MIRROR}")
@@ -81,12 +112,26 @@ def test_device_script_runs_end_to_end_on_a_cpu(tmp_path):
     records = tmp_path / "records"
     (records / "packs").mkdir(parents=True)
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "WINDOW_S": "110", "PROCESSES": "2", "BENCH_S": "0",
-           "BOOTENS_DATA_DIR": MIRROR, "BOOTENS_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu",
-           "PYTHON": os.environ.get("PYTHON", str(Path(os.sys.executable)))}
-    run = subprocess.run(["bash", str(RESULTS.parent.parent / "results" / "paper" / "device.sh"), "test-commit",
-                          "--records", str(records), *TINY], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=400)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "WINDOW_S": "110",
+        "PROCESSES": "2",
+        "BENCH_S": "0",
+        "BOOTENS_DATA_DIR": MIRROR,
+        "BOOTENS_CACHE_DIR": str(tmp_path / "cache"),
+        "JAX_PLATFORMS": "cpu",
+        "PYTHON": os.environ.get("PYTHON", str(Path(os.sys.executable))),
+    }
+    args = ["--records", str(records), *TINY, "--stages", "ensemble-1", "tf32"]
+    run = subprocess.run(
+        ["bash", str(RESULTS / "device.sh"), "test-commit", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "the cost model expects" in run.stdout
     with tarfile.open(out / "window.tar") as tar:
