@@ -518,9 +518,18 @@ def _family_settings(cfg: UCIConfig, family: str) -> dict[str, Any]:
             **{name: plain(getattr(cfg, name)) for name in _setting_names(family)}}
 
 
+def _products() -> str:
+    """How float32 matrix products are computed here, for the cell keys: a CPU computes them in float32 whatever
+    ``jax_default_matmul_precision`` says; an accelerator follows the setting (its default, ``None``, is TF32 on
+    NVIDIA GPUs since Ampere), so a cell made in TF32 or bf16 passes is never served as one made in float32."""
+    backend = jax.default_backend()
+    return "float32" if backend == "cpu" else f"{backend}:{jax.config.jax_default_matmul_precision}"
+
+
 def _family_hash(cfg: UCIConfig, family: str) -> str:
     values = _family_settings(cfg, family)
-    blob = json.dumps({"cfg": values, "code": codekey.digest(family_code(family))}, sort_keys=True)
+    blob = json.dumps({"cfg": values, "code": codekey.digest(family_code(family)), "products": _products()},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -332,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ...cli import MATMUL_PRECISION
 
     jax.config.update("jax_enable_x64", True)  # as the bootens command: the experiments compute in float64
-    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+    if not os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"):  # as the bootens command: the variable decides
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
     try:
         base = _base_config(args)
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
@@ -362,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plan_only:
         return 0
     deadline = start + args.budget
-    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(0.9, 0.9 / args.processes):.3f}"}
+    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(0.8, 0.8 / args.processes):.3f}"}
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
     procs = []
     for i in range(args.processes):

@@ -117,7 +117,7 @@ def test_device_script_runs_end_to_end_on_a_cpu(tmp_path):
         "OUT": str(out),
         "WINDOW_S": "110",
         "PROCESSES": "2",
-        "BENCH_S": "0",
+        "BENCH_S": "0", "PRECISION_S": "0",
         "BOOTENS_DATA_DIR": MIRROR,
         "BOOTENS_CACHE_DIR": str(tmp_path / "cache"),
         "JAX_PLATFORMS": "cpu",
