@@ -5,9 +5,9 @@ metrics, RMSE and MNLL, share the column's cells (one cell per split). The rules
 read:
 
 * **Counted cells.** A cell counts when it was computed with float32 products: on a CPU, or on a GPU where
-  the cell as its returned pack (under ``packs/``) holds it records ``matmul_precision`` "highest", or, made
-  before cells recorded it, names a commit that descends from :data:`FLOAT32_SINCE` (the commit that made
-  float32 products the default on every device). Any other GPU cell was made with JAX's default TF32
+  the cell as its returned pack (under ``packs/``) holds it records float32 products
+  (:func:`~bootens_core.repro.experiments.uci.window.made_in_float32`: ``matmul_precision`` "highest", or,
+  made before cells recorded it, a commit after the one that made float32 products the default). Any other GPU cell was made with JAX's default TF32
   products there, or its precision is not on record (lower precision than the paper's float32; the project's
   repeat of seven such cells in float32 found the TF32 ones worse): it counts neither towards a column nor as
   evidence, and is reported apart.
@@ -31,7 +31,6 @@ __all__ = [
     "EVIDENCE_RECORDS",
     "EVIDENCE_RULE",
     "FAMILIES",
-    "FLOAT32_SINCE",
     "LABELS",
     "MIN_EVIDENCE_SPLITS",
     "PAPER_RECORDS",
@@ -67,13 +66,14 @@ import itertools
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from .window import made_in_float32
 
 # The paper's method columns of Tables 2-3 as (method, hidden layers); the GP has no layers (0).
 FAMILIES: tuple[tuple[str, int], ...] = (
@@ -85,9 +85,6 @@ LABELS: dict[tuple[str, int], str] = {
 }
 # The devices of cells.csv's `device` column, in the plan's order, with the plan's short names.
 DEVICES: dict[str, str] = {"cpu": "CPU", "NVIDIA H100 80GB HBM3": "H100", "NVIDIA H200": "H200"}
-# The commit from which bootens computes float32 products in float32 on every device (before it, JAX's
-# default: TF32 on recent NVIDIA GPUs); cells record the setting in their provenance from 89d0172 on.
-FLOAT32_SINCE = "0876b396fff54b5873a323b02f091c4374f2f50b"
 # The records of the paper's setting (folders under results/paper/).
 PAPER_RECORDS: tuple[str, ...] = ("uci", "uci-mcd-sghmc")
 # Records whose cells may serve as evidence that the paper's setting fails: the paper's records, and the
@@ -250,36 +247,10 @@ def _utc(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=None).timestamp()
 
 
-def _descends(commit: str, ancestor: str, repo: Path | None, cache: dict[str, bool]) -> bool:
-    """Whether ``commit`` descends from (or is) ``ancestor`` in the git repository at ``repo``; False where
-    git, the repository or the commit is not there."""
-    commit = commit.removesuffix("-dirty")
-    if commit not in cache:
-        try:
-            res = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor, commit],
-                                 capture_output=True, timeout=30, check=False) if repo is not None else None
-            cache[commit] = res is not None and res.returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            cache[commit] = False
-    return cache[commit]
-
-
-def _repo_of(path: Path) -> Path | None:
-    for p in (path.resolve(), *path.resolve().parents):
-        if (p / ".git").exists():
-            return p
-    return None
-
-
-def read_packs(packs_root: str | Path, repo: str | Path | None = None) -> tuple[PackCell, ...]:
-    """Every cell of every ``*.tar.gz`` pack under ``packs_root`` (each with its ``pack.json``), deduplicated.
-
-    ``repo``: the git work tree used to place a cell's commit after :data:`FLOAT32_SINCE` (default: the one
-    holding ``packs_root``); only cells whose provenance does not record ``matmul_precision`` need it.
-    """
+def read_packs(packs_root: str | Path) -> tuple[PackCell, ...]:
+    """Every cell of every ``*.tar.gz`` pack under ``packs_root`` (each with its ``pack.json``), deduplicated;
+    whether each computed float32 products in float32 is :func:`.window.made_in_float32`'s answer."""
     root = Path(packs_root)
-    git = Path(repo) if repo is not None else _repo_of(root)
-    cache: dict[str, bool] = {}
     out: dict[tuple[Any, ...], PackCell] = {}
     for pack in sorted(root.rglob("*.tar.gz")):
         folder = pack.parent.relative_to(root).as_posix()
@@ -294,8 +265,7 @@ def read_packs(packs_root: str | Path, repo: str | Path | None = None) -> tuple[
                     pc = PackCell(folder, cell["dataset"], cell["method"], int(cell["hidden_layers"]),
                                   int(cell["split"]), float(cell["wall_s"]), finished - elapsed, finished,
                                   prov["device"]["kind"],
-                                  prov["matmul_precision"] == "highest" if "matmul_precision" in prov
-                                  else _descends(str(prov.get("git_commit", "")), FLOAT32_SINCE, git, cache))
+                                  made_in_float32(prov))
                     out[(pc.folder, pc.dataset, pc.method, pc.hidden_layers, pc.split, pc.wall_s)] = pc
         except (KeyError, TypeError, tarfile.TarError, json.JSONDecodeError) as err:
             raise CoverageError(

@@ -43,6 +43,7 @@ __all__ = [
     "STAGES",
     "StagePlan",
     "FLOAT32_BEFORE_FIELD",
+    "made_in_float32",
     "tf32_cells",
     "stage_config",
     "plan",
@@ -92,6 +93,19 @@ class StagePlan(NamedTuple):
 FLOAT32_BEFORE_FIELD = ("c02399d43fff52499e7496877e6499a23b2ee772",)
 
 
+def made_in_float32(provenance: Mapping[str, Any]) -> bool:
+    """Whether a cell with this ``provenance`` computed float32 products in float32: on a CPU always; elsewhere
+    where it records ``matmul_precision`` ``"highest"``, or records none and names a commit of
+    :data:`FLOAT32_BEFORE_FIELD`. The one rule of the project for the TF32 question (``uci.coverage`` too)."""
+    device = provenance.get("device") or {}
+    if device.get("platform") == "cpu" or device.get("kind") == "cpu":
+        return True
+    precision = provenance.get("matmul_precision")
+    if precision is None:
+        return provenance.get("git_commit") in FLOAT32_BEFORE_FIELD
+    return precision == "highest"
+
+
 def tf32_cells(
     root: str | Path, records: Sequence[str] = ("uci", "uci-mcd-sghmc", "uci-fanin")
 ) -> dict[str, set[tuple[str, int, str]]]:
@@ -115,14 +129,9 @@ def tf32_cells(
         manifest, members = cellpack.read_pack(path)
         cfg = from_dict(UCIConfig, manifest["config"])
         for rec in members.values():
-            prov = rec.get("provenance") or {}
-            precision = prov.get("matmul_precision")
-            if precision is None and prov.get("git_commit") in FLOAT32_BEFORE_FIELD:
-                precision = "highest"
             cell = cell_of(rec)
-            packed.setdefault((cell.dataset, cell.split, cell.method), []).append(
-                (cfg, precision == "highest")
-            )
+            ok = made_in_float32(rec.get("provenance") or {})
+            packed.setdefault((cell.dataset, cell.split, cell.method), []).append((cfg, ok))
     out: dict[str, set[tuple[str, int, str]]] = {}
     for name in records:
         folder = root / name

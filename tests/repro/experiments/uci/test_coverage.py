@@ -16,7 +16,7 @@ import pytest
 
 from bootens_core.data.uci import PAPER_SPLITS
 from bootens_core.repro import config as repro_config
-from bootens_core.repro.experiments.uci import coverage as cv
+from bootens_core.repro.experiments.uci import coverage as cv, window
 from bootens_core.repro.experiments.uci.config import UCIConfig
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -100,7 +100,7 @@ def test_columns_count_by_the_rules_on_hand_built_records(tmp_path):
         _pcell("boston", "mcd", 1, 0, 20.0, "2026-01-01T00:00:20Z"),
         _pcell("boston", "mcd", 1, 1, 20.0, "2026-01-01T00:00:40Z"),
         *[_pcell("yacht", "mcd", 4, k, 30.0, f"2026-01-01T00:0{k + 1}:00Z", precision=None) for k in range(3)]])
-    packs = cv.read_packs(tmp_path / "packs", repo=tmp_path)  # no git there: no commit counts as float32
+    packs = cv.read_packs(tmp_path / "packs")  # commit 000...: not one that made float32 products
     cols = cv.columns([paper, mcd], {"uci-fanin": fanin}, [paper], packs, reference=REF, n_splits=SPLITS)
     by = {(c.dataset, c.method, c.hidden_layers): c for c in cols}
     assert len(cols) == 12
@@ -235,7 +235,7 @@ def test_committed_records_read_back():
     full = {k for k, v in present.items() if v >= set(range(PAPER_SPLITS[k[0]]))}
     ours = {(c.dataset, c.method, c.hidden_layers) for c in cols if c.complete_paper}
     assert ours <= full
-    early = set()  # GPU cells of packs from commits before FLOAT32_SINCE, by (dataset, method, layers)
+    early = set()  # GPU cells of packs made before float32 products, by (dataset, method, layers)
     for pack in RESULTS.glob("packs/**/*.tar.gz"):
         with tarfile.open(pack) as tar:
             for m in tar.getmembers():
@@ -245,9 +245,9 @@ def test_committed_records_read_back():
                 prov = json.load(tar.extractfile(m))["provenance"]
                 if "matmul_precision" in prov:
                     continue
-                git = ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", cv.FLOAT32_SINCE, prov["git_commit"]]
-                before = subprocess.run(git, capture_output=True, check=False).returncode != 0
-                if before:
+                # window.FLOAT32_BEFORE_FIELD: the commits between float32 products and their provenance field
+                # (test_window checks them against the git history)
+                if prov["git_commit"] not in window.FLOAT32_BEFORE_FIELD:
                     early.add((got[1], got[2], int(got[3])))
     for k in full - ours:
         gpu = [r for n in cv.PAPER_RECORDS for r in _csv_rows(n)
