@@ -1655,6 +1655,20 @@ def _rel(cell_store: harness.CellStore, cell: Cell) -> str:
     return cell_store.path(cell).relative_to(cell_store.root).as_posix()
 
 
+def _pack_cells_kept(path: Path, cell_store: harness.CellStore, cells: Sequence[Cell]) -> dict[Cell, bytes]:
+    """The cells an existing pack at ``path`` holds, as bytes by cell, for a run that rewrites it; every member
+    must be one of ``cells`` at the store's keys, else a one-line ``ValueError``. No file: nothing."""
+    if not path.exists():
+        return {}
+    _, members = cellpack.read_pack(path)
+    by_rel = {_rel(cell_store, c): c for c in cells}
+    foreign = sorted(set(members) - set(by_rel))
+    if foreign:
+        raise ValueError(f"cell pack {path} already holds {len(foreign)} cell(s) of other settings, code or "
+                         f"datasets (e.g. {foreign[0]}); a run rewrites its pack, so give --pack another path")
+    return {by_rel[rel]: (json.dumps(rec, indent=1, sort_keys=True)).encode() for rel, rec in members.items()}
+
+
 def run_pending(
     key: jax.Array,
     cfg: UCIConfig,
@@ -1697,7 +1711,10 @@ def run_pending(
     - **Pack** (``pack``: a ``.tar.gz`` path): rewritten after every finished cell (it exists from the start,
       empty), with the cells computed now -- or every stored cell of ``cfg`` with ``pack_all`` -- under their
       store-relative paths, and a ``pack.json`` manifest (config, family hashes, provenance, shard, budget,
-      what remains). A run cut off keeps a whole pack of what had finished.
+      what remains). A run cut off keeps a whole pack of what had finished. A pack already at that path keeps
+      its cells in the new one (a run resumed on another machine, or with another cell store, loses nothing),
+      provided they are cells of ``cfg`` at this code's keys; otherwise the run refuses, before any cell,
+      with one ``ValueError`` naming the pack.
 
     ``compute`` replaces the cell computation (tests); ``root`` the cell store's folder.
     """
@@ -1726,12 +1743,16 @@ def run_pending(
     runnable = [c for c in mine if c not in set(skipped)]
     ran: list[Cell] = []
     pack_path = None if pack is None else Path(pack)
+    carried = _pack_cells_kept(pack_path, cell_store, all_cells) if pack_path is not None else {}
 
     def write(remaining: list[str] | None = None) -> None:
         if pack_path is None:
             return
-        chosen = [c for c in all_cells if c in stored_all] if pack_all else ran
-        files = {_rel(cell_store, c): cell_store.path(c).read_bytes() for c in chosen}
+        chosen = [c for c in all_cells if c in stored_all] if pack_all else list(ran)
+        chosen += [c for c in all_cells if c in carried and c not in set(chosen)]
+        files = {_rel(cell_store, c): carried[c] for c in chosen if c in carried}
+        files.update({_rel(cell_store, c): cell_store.path(c).read_bytes() for c in chosen
+                      if c in stored_all})
         manifest = {
             "format": cellpack.PACK_FORMAT, "experiment": NAME, "config": as_dict(cfg),
             "family_hashes": dict(cell_store._hash), "key": store.key_words(key), "provenance": prov,

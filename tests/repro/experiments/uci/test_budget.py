@@ -371,6 +371,41 @@ def test_a_window_passes_over_the_recorded_cells(tmp_path):
     assert uci.recorded_cells([rec], UCIConfig.quick()) == {Cell("boston", 0, "ensemble-1")}
 
 
+def test_a_run_keeps_the_cells_of_the_pack_it_rewrites(tmp_path):
+    # A background run killed after a cell and resumed from the cell store (which passes over that cell)
+    # used to rewrite its pack with only the cells it ran itself, losing the earlier one.
+    cfg = _cfg(datasets=("yacht",), methods=("ensemble-1",), max_splits=3, workers=1)
+    pack = tmp_path / "packs" / "ensemble-1-yacht.tar.gz"
+    clock = FakeClock()
+
+    def one_second(cell):
+        clock.t += 1.0
+        return _fake_record(cell, 1.0)
+
+    first = uci.run_pending(jax.random.key(0), cfg, budget_s=1.5, compute=one_second, root=tmp_path / "a",
+                            pack=pack, safety=1.0, clock=clock, default_s=1.0)
+    assert len(first.ran) == 1
+    _, before = cellpack.read_pack(pack)
+    # resumed from the same store, which passes over the first cell: the pack keeps it beside the new ones
+    second = uci.run_pending(jax.random.key(0), cfg, compute=lambda c: _fake_record(c, 2.0), root=tmp_path / "a",
+                             pack=pack)
+    assert len(second.ran) == 2
+    manifest, after = cellpack.read_pack(pack)
+    assert len(after) == 3 and len(manifest["cells"]) == 3 and manifest["ran_now"] == 2
+    assert sorted(rec["wall_s"] for rec in after.values()) == [1.0, 2.0, 2.0]
+    assert all(after[rel] == rec for rel, rec in before.items())
+    # with another store (another machine), computing every cell again: the store's cell replaces the carried one
+    uci.run_pending(jax.random.key(0), cfg, compute=lambda c: _fake_record(c, 3.0), root=tmp_path / "b", pack=pack)
+    assert {rec["wall_s"] for rec in cellpack.read_pack(pack)[1].values()} == {3.0}
+    # a pack of other settings at that path: refused before any cell, the pack untouched
+    other = _cfg(datasets=("yacht",), methods=("ensemble-1",), max_splits=3, workers=1, n_particles=3)
+    data = pack.read_bytes()
+    with pytest.raises(ValueError, match=r"already holds 3 cell\(s\) of other settings.*give --pack another path"):
+        uci.run_pending(jax.random.key(0), other, compute=lambda c: pytest.fail("computed"), root=tmp_path / "c",
+                        pack=pack)
+    assert pack.read_bytes() == data
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_shards_cover_every_cell_exactly_once(tmp_path, n):
     every = uci.priority(uci.cells(UCIConfig.paper()))
