@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, METHODS, METHOD_LABELS, Summary, run, agreement,
+    NAME, DESCRIPTION, ARTEFACTS, Config, METHODS, METHOD_LABELS, Summary, run, agreement, reference_noise,
 )
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run", "agreement",
-           "figures", "verdicts"]
+           "reference_noise", "figures", "verdicts"]

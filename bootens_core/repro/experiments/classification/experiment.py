@@ -17,6 +17,7 @@ diagrams.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import jax
@@ -30,7 +31,8 @@ from ...config import require_x64
 from .config import ClassificationConfig
 from ....data import synthetic, tabular
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run", "agreement"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run",
+           "agreement", "reference_noise"]
 
 NAME = "classification"
 DESCRIPTION = "Dirichlet latent regression + Algorithm 1 vs NUTS (1-D), and real data with ECE"
@@ -47,7 +49,9 @@ class Summary(store.TypedSummary):
 
     Synthetic part: the agreement statistics of :func:`agreement` of the bootstrap ensemble (``*_vs_mcmc``) and
     of the plain ensemble (``plain_*``) with the NUTS reference, the reference against itself
-    (``reference_split_*``), its diagnostics (``rhat_*``, ``ess_bulk_min``, ``nuts_*``), the ``alpha_eps`` study
+    (``reference_split_*``: first half of the chains against the second), its noise unit
+    (``reference_noise_*``, :func:`reference_noise`: the unit of the agreement rule), its diagnostics
+    (``rhat_*``, ``ess_bulk_min``, ``nuts_*``), the ``alpha_eps`` study
     (statistics per value, and the value with the smallest band difference, None without a study) and the
     setting. Real part: ``real``, per dataset the splits' metrics of each method (a nested dict read by
     :mod:`.verdicts`), and its setting (``real_*``, ``ece_bins``, ``deep_ensemble``: the deep ensemble's).
@@ -58,11 +62,17 @@ class Summary(store.TypedSummary):
     prob_mad_vs_mcmc: float
     band_mad_vs_mcmc: float
     band_coverage_vs_mcmc: float
+    width_ratio_vs_mcmc: float
     plain_prob_mad_vs_mcmc: float
     plain_band_mad_vs_mcmc: float
     plain_band_coverage_vs_mcmc: float
+    plain_width_ratio_vs_mcmc: float
     reference_split_prob_mad: float
     reference_split_band_mad: float
+    reference_split_width_ratio: float
+    reference_noise_prob_mad: float
+    reference_noise_log_width: float
+    reference_noise_partitions: int
     rhat_max: float
     rhat_mean: float
     ess_bulk_min: float
@@ -101,9 +111,12 @@ def run(
 def agreement(p_q: np.ndarray, p_ref: np.ndarray, level: float = 0.95) -> dict[str, float]:
     """Agreement of two sets of predicted probabilities ``(k, n_x)`` of one class on the same grid.
 
-    ``prob_mad``: mean over x of |mean_q - mean_ref|; ``band_mad``: mean over x of the mean of |lower_q -
-    lower_ref| and |upper_q - upper_ref| (central ``level`` bands); ``band_coverage``: the share of the
-    reference band covered by the other one, averaged over x (1 where the reference band has no width).
+    ``prob_mad``: mean over x of |mean_q - mean_ref| (the mean gap); ``band_mad``: mean over x of the mean of
+    |lower_q - lower_ref| and |upper_q - upper_ref| (central ``level`` bands); ``band_coverage``: the share of
+    the reference band covered by the other one, averaged over x (1 where the reference band has no width);
+    ``width_ratio``: the median over x of the band width of ``p_q`` over the reference's (points where the
+    reference band has no width left out; NaN if it has none anywhere): above 1 a wider band, below 1 a
+    narrower one.
     """
     p_q, p_ref = np.asarray(p_q, float), np.asarray(p_ref, float)
     if p_q.ndim != 2 or p_ref.ndim != 2 or p_q.shape[1] != p_ref.shape[1]:
@@ -113,12 +126,42 @@ def agreement(p_q: np.ndarray, p_ref: np.ndarray, level: float = 0.95) -> dict[s
     lo_r, hi_r = np.percentile(p_ref, q, axis=0)
     overlap = np.clip(np.minimum(hi_q, hi_r) - np.maximum(lo_q, lo_r), 0, None)
     width = hi_r - lo_r
-    cov = np.where(width > 1e-12, overlap / np.where(width > 1e-12, width, 1.0), 1.0)
+    has_width = width > 1e-12
+    cov = np.where(has_width, overlap / np.where(has_width, width, 1.0), 1.0)
+    ratio = (hi_q - lo_q)[has_width] / width[has_width]
     return {
         "prob_mad": float(np.mean(np.abs(p_q.mean(0) - p_ref.mean(0)))),
         "band_mad": float(np.mean(0.5 * (np.abs(lo_q - lo_r) + np.abs(hi_q - hi_r)))),
         "band_coverage": float(np.mean(cov)),
+        "width_ratio": float(np.median(ratio)) if ratio.size else float("nan"),
     }
+
+
+def reference_noise(p_chains: np.ndarray, max_partitions: int = 64, level: float = 0.95) -> dict[str, float]:
+    """The reference's own noise in the two statistics the agreement rule judges: the reference against
+    itself.
+
+    ``p_chains`` ``(chains >= 2, draws, n_x)``. Every split of the chains into two halves (up to
+    ``max_partitions``, each unordered split once; with an odd count the last chain of the complement is left
+    out) gives one half-vs-half :func:`agreement`; ``prob_mad`` is the mean of their mean gaps, ``log_width``
+    the root mean square of their ``log(width_ratio)``. The same construction as the deep-ReLU chapter's
+    (``deep_relu.reference_noise``). Each half holds half the draws, so these over-state the noise of a
+    comparison with the whole reference: a rule judged in these units errs towards "agrees".
+    """
+    p_chains = np.asarray(p_chains, np.float64)
+    if p_chains.ndim != 3 or p_chains.shape[0] < 2:
+        raise ValueError(f"need (chains >= 2, draws, n_x) probabilities, got shape {p_chains.shape}")
+    n_chains, _, n_x = p_chains.shape
+    half = n_chains // 2
+    splits = [c for c in itertools.combinations(range(n_chains), half) if c[0] == 0][:max_partitions]
+    mads, logs = [], []
+    for a in splits:
+        b = [i for i in range(n_chains) if i not in a][:half]
+        st = agreement(p_chains[list(a)].reshape(-1, n_x), p_chains[b].reshape(-1, n_x), level)
+        mads.append(st["prob_mad"])
+        logs.append(np.log(st["width_ratio"]))
+    return {"prob_mad": float(np.mean(mads)), "log_width": float(np.sqrt(np.mean(np.square(logs)))),
+            "partitions": len(splits)}
 
 
 def _model(cfg: ClassificationConfig, in_dim: int, n_classes: int) -> models.Model:
@@ -182,6 +225,7 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         study[float(a)] = (agreement(p_a, p_nuts), p_a)
     half = cfg.nuts.chains // 2
     floor = agreement(p_chains[:half].reshape(-1, x_grid.size), p_chains[half:].reshape(-1, x_grid.size))
+    noise = reference_noise(p_chains)
 
     def finite(v: np.ndarray, fn) -> float:
         v = v[np.isfinite(v)]
@@ -192,11 +236,17 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         "prob_mad_vs_mcmc": agree["bootstrap"]["prob_mad"],
         "band_mad_vs_mcmc": agree["bootstrap"]["band_mad"],
         "band_coverage_vs_mcmc": agree["bootstrap"]["band_coverage"],
+        "width_ratio_vs_mcmc": agree["bootstrap"]["width_ratio"],
         "plain_prob_mad_vs_mcmc": agree["plain"]["prob_mad"],
         "plain_band_mad_vs_mcmc": agree["plain"]["band_mad"],
         "plain_band_coverage_vs_mcmc": agree["plain"]["band_coverage"],
+        "plain_width_ratio_vs_mcmc": agree["plain"]["width_ratio"],
         "reference_split_prob_mad": floor["prob_mad"],
         "reference_split_band_mad": floor["band_mad"],
+        "reference_split_width_ratio": floor["width_ratio"],
+        "reference_noise_prob_mad": noise["prob_mad"],
+        "reference_noise_log_width": noise["log_width"],
+        "reference_noise_partitions": noise["partitions"],
         "rhat_max": finite(rhat, np.max),
         "rhat_mean": finite(rhat, np.mean),
         "ess_bulk_min": finite(ess, np.min),
@@ -221,7 +271,7 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         summary["alpha_eps_best_band_mad"] = best
         arrays["p_bootstrap_alpha_best"] = study[best][1]
         arrays["alpha_study"] = np.array(sorted(study))
-        for stat in ("prob_mad", "band_mad", "band_coverage"):
+        for stat in ("prob_mad", "band_mad", "band_coverage", "width_ratio"):
             arrays[f"alpha_study_{stat}"] = np.array([study[a][0][stat] for a in sorted(study)])
     arrays |= {
         "x": data.x,

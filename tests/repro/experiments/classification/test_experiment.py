@@ -17,7 +17,7 @@ from bootens_core.repro.experiments.classification.config import ClassificationC
 def test_agreement_of_identical_sets_is_perfect():
     p = np.random.default_rng(0).uniform(size=(300, 9))
     a = classification.agreement(p, p)
-    assert a == {"prob_mad": 0.0, "band_mad": 0.0, "band_coverage": 1.0}
+    assert a == {"prob_mad": 0.0, "band_mad": 0.0, "band_coverage": 1.0, "width_ratio": 1.0}
 
 
 def test_agreement_by_hand():
@@ -34,6 +34,25 @@ def test_agreement_by_hand():
     assert b["prob_mad"] == pytest.approx(0.25, abs=0.01)
     assert b["band_mad"] == pytest.approx((0.0125 + 0.4875) / 2, abs=0.01)
     assert b["band_coverage"] == pytest.approx((0.4875 - 0.025) / 0.95, abs=0.01)
+    assert b["width_ratio"] == pytest.approx(0.5, abs=0.01)
+    # point masses: the reference band has no width anywhere, so no ratio
+    assert np.isnan(a["width_ratio"])
+
+
+def test_reference_noise_by_hand():
+    """Half-vs-half: four chains give three splits; chains of one law give a small gap and a log width ratio
+    near 0; a chain from another law raises both."""
+    rng = np.random.default_rng(2)
+    same = rng.uniform(0.2, 0.6, size=(4, 2000, 3))
+    n = classification.reference_noise(same)
+    assert n["partitions"] == 3 and n["prob_mad"] < 0.01 and n["log_width"] < 0.03
+    other = same.copy()
+    other[3] = rng.uniform(0.5, 0.7, size=(2000, 3))
+    m = classification.reference_noise(other)
+    assert m["prob_mad"] > 5 * n["prob_mad"] and m["log_width"] > 5 * n["log_width"]
+    assert classification.reference_noise(rng.uniform(size=(10, 50, 3)))["partitions"] == 64  # 126 capped
+    with pytest.raises(ValueError, match="chains >= 2"):
+        classification.reference_noise(same[:1])
 
 
 def test_agreement_shape_errors():

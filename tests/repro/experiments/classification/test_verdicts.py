@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bootens_core.repro.experiments import classification
 
@@ -38,14 +39,111 @@ def test_classification_paired_verdicts_follow_the_t_test():
     assert list(df.index.get_level_values(0).unique()) == ["breast cancer"]
     assert "bootstrap − MC dropout" in df.columns
     # accuracy: mean -0.020, SE 0.00041; MNLL: mean -0.100, SE 0.0041 (by hand)
-    assert str(classification.verdicts.buys(res, "mcd")) == (
+    assert str(classification.verdicts.buys(res, "mcd", others=("mcd",))) == (
         "breast cancer (4 splits): worse accuracy (-0.020 ± 0.000); better MNLL (-0.100 ± 0.004).")
 
 
-def test_classification_verdict_rule():
-    s = {"rhat_max": 1.02, "band_coverage_vs_mcmc": 0.81}
-    assert str(classification.verdicts.evaluate(s)["agreement"]) == "reproduced"
-    assert str(classification.verdicts.evaluate(s)["reference"]) == "converged"
-    s = {"rhat_max": 1.3, "band_coverage_vs_mcmc": 0.79}
-    assert str(classification.verdicts.evaluate(s)["agreement"]) == "NOT reproduced"
-    assert "NOT converged" in str(classification.verdicts.evaluate(s)["reference"])
+def test_paired_verdicts_are_holm_corrected_over_the_whole_table():
+    """A difference significant on its own (p about 0.01) is no longer significant among 18 tests (Holm's
+    smallest threshold 0.05/18 = 0.0028); one with p far below that stays; the per-test p-value is shown."""
+    from scipy import stats
+
+    base = np.array([[0.9, 0.3, 0.05]] * 4)
+    # MNLL: mean -0.1, sd 0.001 -> t ~ 200, p ~ 3e-7; ECE: mean 0.01 with sd chosen for p ~ 0.01
+    boot = base.copy()
+    boot[:, 1] -= np.array([0.099, 0.1, 0.101, 0.1])
+    e = np.array([0.007, 0.013, 0.007, 0.013])
+    boot[:, 2] += e
+    p_ece = 2 * stats.t.sf(e.mean() / (e.std(ddof=1) / 2), 3)
+    assert 0.0028 < p_ece < 0.05
+    arrays = {"d_bootstrap_metrics": boot}
+    for other in ("plain", "mcd", "deep"):
+        arrays[f"d_{other}_metrics"] = base
+    res = _FakeResult({"real": {"d": {}, "e": {}}}, {**arrays, **{k.replace("d_", "e_", 1): v
+                                                                for k, v in arrays.items()}})
+    alone = classification.verdicts.paired(res, "plain")  # 6 tests: 0.05/6 = 0.0083 < p_ece
+    assert alone.loc[("d", "ECE"), "p"] == pytest.approx(p_ece)
+    table = classification.verdicts.paired_all(res)
+    assert len(table) == 18  # 3 opponents x 2 datasets x 3 metrics
+    assert list(table.columns) == ["bootstrap − other", "std. error", "splits", "p", "bootstrap is"]
+    assert (table.xs("ECE", level="metric")["bootstrap is"] == "no clear difference").all()
+    assert (table.xs("MNLL", level="metric")["bootstrap is"] == "better").all()
+    # identical accuracies on every split: no difference, p = 1
+    assert (table.xs("accuracy", level="metric")["p"] == 1.0).all()
+    # uncorrected, the ECE difference would count: the correction is what removes it
+    assert classification.verdicts.holm([p_ece], 0.05) == [True]
+    assert classification.verdicts.holm([p_ece] + [0.5] * 17, 0.05) == [False] + [False] * 17
+
+
+def test_holm_by_hand():
+    holm = classification.verdicts.holm
+    # m = 4: thresholds 0.0125, 0.0167, 0.025, 0.05 for the sorted p-values
+    assert holm([0.01, 0.04, 0.012, 0.03]) == [True, False, True, False]
+    assert holm([0.01, 0.015, 0.024, 0.04]) == [True, True, True, True]
+    assert holm([0.01, 0.02, 0.024, 0.04]) == [True, False, False, False]  # 0.02 > 0.05/3 stops it
+    assert holm([0.03, 0.001]) == [True, True] and holm([0.06, 0.001]) == [False, True]
+    assert holm([float("nan"), 0.04]) == [False, True]  # a NaN is neither rejected nor counted
+
+
+def _cls(**kw):
+    s = {"rhat_max": 1.01, "ess_bulk_min": 900.0, "prob_mad_vs_mcmc": 0.008, "width_ratio_vs_mcmc": 1.02,
+         "reference_noise_prob_mad": 0.005, "reference_noise_log_width": 0.03}
+    return {**s, **kw}
+
+
+def test_classification_agreement_rule_is_two_sided():
+    """The rule of the deep-ReLU chapter's form: a matching band passes; a band too wide, a band too narrow
+    and a shifted mean each fail, in units of NUTS's half-vs-half noise."""
+    ev = classification.verdicts.evaluate
+    v = ev(_cls())
+    assert str(v["reference"]) == "converged" and str(v["agreement"]) == "reproduced"
+    # margin by hand: the gap is (0.01 - 0.008)/0.005 units inside 2 x 0.005, |log 1.02| (0.06 - 0.0198)/0.03
+    assert v["agreement"].margin == pytest.approx(min(0.002 / 0.005, (0.06 - np.log(1.02)) / 0.03))
+    # an over-wide band covers all of NUTS's band, which the old one-sided rule passed: it fails now
+    assert str(ev(_cls(width_ratio_vs_mcmc=1.5))["agreement"]) == "NOT reproduced"
+    assert str(ev(_cls(width_ratio_vs_mcmc=1 / 1.5))["agreement"]) == "NOT reproduced"  # too narrow
+    assert str(ev(_cls(prob_mad_vs_mcmc=0.011))["agreement"]) == "NOT reproduced"  # shifted mean
+    assert str(ev(_cls(width_ratio_vs_mcmc=0.0))["agreement"]) == "NOT reproduced"  # no band at all
+    # the same limits as the deep-ReLU chapter's rule
+    from bootens_core.repro.experiments import deep_relu
+    assert classification.verdicts.T_LIMIT == deep_relu.verdicts.T_LIMIT
+    assert classification.verdicts.RHAT_LIMIT == deep_relu.verdicts.RHAT_LIMIT
+
+
+def test_classification_agreement_rule_on_real_bands():
+    """The rule on probabilities: a sample of the reference's own law agrees; the same law widened about its
+    mean, narrowed, or shifted by a tenth in probability does not."""
+    from bootens_core.repro.experiments.classification import experiment
+
+    rng = np.random.default_rng(0)
+    x = np.linspace(-3, 3, 41)
+    def draws(n, scale=1.0, shift=0.0):
+        z = np.sin(x)[None] + shift + scale * 0.6 * rng.standard_normal((n, 1)) * (1 + 0.3 * np.cos(x))[None]
+        return 1 / (1 + np.exp(-z))
+    ref = draws(4000).reshape(4, 1000, -1)
+    noise = experiment.reference_noise(ref)
+    assert noise["partitions"] == 3
+    flat = ref.reshape(-1, x.size)
+
+    def verdict(q):
+        a = experiment.agreement(q, flat)
+        s = _cls(prob_mad_vs_mcmc=a["prob_mad"], width_ratio_vs_mcmc=a["width_ratio"],
+                 reference_noise_prob_mad=noise["prob_mad"], reference_noise_log_width=noise["log_width"])
+        return str(classification.verdicts.evaluate(s)["agreement"]), a
+
+    ok, a = verdict(draws(4000))
+    assert ok == "reproduced"
+    wide, a = verdict(draws(4000, scale=1.5))
+    # it covers NUTS's band: the old one-sided rule passed it
+    assert wide == "NOT reproduced" and a["band_coverage"] > 0.99
+    assert verdict(draws(4000, scale=0.6))[0] == "NOT reproduced"
+    assert verdict(draws(4000, shift=0.5))[0] == "NOT reproduced"
+
+
+def test_classification_agreement_is_not_assessed_without_a_converged_reference():
+    for kw in ({"rhat_max": 1.1}, {"ess_bulk_min": 50.0}):
+        for bad in ({}, {"width_ratio_vs_mcmc": 2.0}):
+            v = classification.verdicts.evaluate(_cls(**kw, **bad))
+            assert str(v["reference"]).startswith("NOT converged")
+            assert str(v["agreement"]) == "not assessed: the reference has not converged"
+            assert v["agreement"].margin is None
