@@ -11,15 +11,34 @@ from ... import report
 from ...store import summary_dict
 from .experiment import Summary
 
-__all__ = ["T_LIMIT", "RHAT_LIMIT", "evaluate", "along", "reference"]
+__all__ = ["T_LIMIT", "RHAT_LIMIT", "ESS_MIN", "NOT_ASSESSED", "evaluate", "reference_converged", "along",
+           "drift", "reference"]
 
 
 # Figure 3's rule: a statistic agrees with the reference when it is within T_LIMIT of the reference's
-# own half-vs-half noise units; the reference counts as converged below RHAT_LIMIT.
+# own half-vs-half noise units; the reference counts as converged when its largest predictive R-hat is below
+# RHAT_LIMIT and its smallest predictive bulk ESS at least ESS_MIN (a sample smaller than that estimates
+# neither its mean nor its spread well enough to judge an ensemble against).
 T_LIMIT = 2.0
 
 
 RHAT_LIMIT = 1.1
+ESS_MIN = 100.0
+
+# The verdict of an agreement that cannot be judged.
+NOT_ASSESSED = "not assessed: the reference has not converged"
+
+
+def reference_converged(s: Summary | dict[str, Any]) -> tuple[bool, str, str]:
+    """Whether the NUTS reference is converged (``RHAT_LIMIT``, ``ESS_MIN``): (converged, verdict,
+    evidence)."""
+    s = summary_dict(s)
+    failed = ([f"R-hat above {RHAT_LIMIT:g}"] if not s["rhat_max"] < RHAT_LIMIT else []) + (
+        [f"bulk ESS below {ESS_MIN:g}"] if not s["ess_min"] >= ESS_MIN else [])
+    verdict = "converged" if not failed else f"NOT converged ({', '.join(failed)})"
+    evidence = (f"largest predictive R-hat {s['rhat_max']:.3f} (limit {RHAT_LIMIT:g}); smallest predictive "
+                f"bulk ESS {s['ess_min']:.0f} (at least {ESS_MIN:g})")
+    return not failed, verdict, evidence
 
 
 def _agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
@@ -37,25 +56,24 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     """Verdicts of the deep-ReLU chapter (Figure 3).
 
     ``reference``: the NUTS reference is converged when its largest predictive R-hat on the grid is below
-    ``RHAT_LIMIT`` (1.1). ``agreement`` (final step) and ``along`` (every recorded step): the paper's
+    ``RHAT_LIMIT`` (1.1) and its smallest predictive bulk ESS at least ``ESS_MIN`` (100). ``agreement``
+    (final step) and ``along`` (every recorded step): the paper's
     claim that the particles "reasonably approximate" the MCMC result, judged two-sided against the
     reference's own noise (``experiments.deep_relu.reference_noise``: half the chains against the other
     half): the mean difference ``mean |Δmean|/sd`` must be at most ``T_LIMIT`` (2) times the
     half-vs-half value, and ``|log sd ratio|`` (too wide and too narrow alike) at most 2 times the
     half-vs-half root mean square. Margins are in those noise units. With a reference that is not converged
-    no agreement can be judged: both are "inconclusive" (the evidence says what the rule alone gives).
+    no agreement can be judged: both read ``NOT_ASSESSED`` (the evidence says what the rule alone gives).
     """
     s = summary_dict(s)
-    converged = s["rhat_max"] < RHAT_LIMIT
-    ref = "converged" if converged else f"NOT converged (max R-hat above {RHAT_LIMIT:g})"
-    out = {"reference": report.Verdict(ref, f"largest predictive R-hat {s['rhat_max']:.3f} (limit {RHAT_LIMIT:g})")}
+    converged, ref, ref_ev = reference_converged(s)
+    out = {"reference": report.Verdict(ref, ref_ev)}
     ok, margin, ev = _agrees(s["mean_abs_diff_mean"], s["sd_ratio_median"], s)
     rule = "agrees" if ok else "differs"
     if converged:
         out["agreement"] = report.Verdict("reproduced" if ok else "NOT reproduced", ev, margin)
     else:
-        out["agreement"] = report.Verdict("inconclusive (reference not converged)",
-                                          f"the rule alone: {rule} ({ev})")
+        out["agreement"] = report.Verdict(NOT_ASSESSED, f"the rule alone: {rule} ({ev})")
     if "agreement_steps" in s:
         steps = s["agreement_steps"]
         res = [_agrees(m, r, s) for m, r in
@@ -72,7 +90,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
         ev = (f"agrees at steps {', '.join(map(str, agree_at)) or 'none'} of {steps[0]}-{steps[-1]} "
               f"(every {steps[1] - steps[0] if len(steps) > 1 else 0})")
         out["along"] = (report.Verdict(text, ev, margin) if converged else
-                        report.Verdict("inconclusive (reference not converged)", f"the rule alone: {text}; {ev}"))
+                        report.Verdict(NOT_ASSESSED, f"the rule alone: {text}; {ev}"))
     return out
 
 
@@ -89,6 +107,22 @@ def along(s: Summary | dict[str, Any]) -> pd.DataFrame:
                      "|log sd ratio| in noise units": abs(np.log(r)) / us,
                      "rule": "agrees" if ok else "differs"})
     return pd.DataFrame(rows).set_index("step")
+
+
+def drift(s: Summary | dict[str, Any]) -> report.Text:
+    """How the ensemble moves relative to the reference after the recorded step where it is closest to it
+    (the smaller of the rule's two statistics' worse one, in noise units): the mean difference and the
+    sd ratio there and at the last recorded step, in the reference's noise units. Read against a reference
+    that has not converged, this describes the two samples, not the ensemble against the posterior."""
+    t = along(s)
+    worst = t[["in noise units", "|log sd ratio| in noise units"]].max(axis=1)
+    best, last = int(worst.idxmin()), int(t.index[-1])
+    b, e = t.loc[best], t.loc[last]
+    return report.Text(
+        f"closest at step {best}; from there to step {last} the mean difference grows from "
+        f"{b['in noise units']:.2f} to {e['in noise units']:.2f} noise units and the sd ratio from "
+        f"{b['median sd ratio']:.2f} to {e['median sd ratio']:.2f} "
+        f"({b['|log sd ratio| in noise units']:.1f} to {e['|log sd ratio| in noise units']:.1f} noise units)")
 
 
 # The NUTS reference's diagnostics and noise scale, the paper's MH acceptance: (label, summary key).

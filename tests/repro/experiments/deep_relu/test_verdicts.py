@@ -9,7 +9,8 @@ from bootens_core.repro.experiments import deep_relu
 
 
 def _deep(**kw):
-    s = {"rhat_max": 1.05, "mean_abs_diff_mean": 0.2, "sd_ratio_median": 1.1, "reference_noise_mad": 0.15,
+    s = {"rhat_max": 1.05, "ess_min": 150.0, "mean_abs_diff_mean": 0.2, "sd_ratio_median": 1.1,
+         "reference_noise_mad": 0.15,
          "reference_noise_log_sd": 0.1, "agreement_steps": [0, 100, 200],
          "mean_abs_diff_mean_along": [1.0, 0.2, 0.2], "sd_ratio_median_along": [3.0, 1.1, 1.1]}
     return {**s, **kw}
@@ -33,15 +34,32 @@ def test_deep_relu_verdicts_follow_their_rules():
     assert str(deep_relu.verdicts.evaluate(none)["along"]) == "agrees at no recorded step"
 
 
-def test_deep_relu_verdict_is_inconclusive_without_a_converged_reference():
-    """Whatever the statistics say, a reference with R-hat >= 1.1 gives no agreement verdict."""
-    for kw in ({}, {"sd_ratio_median": 3.0}):
-        v = deep_relu.verdicts.evaluate(_deep(rhat_max=1.1, **kw))
-        assert str(v["agreement"]) == "inconclusive (reference not converged)"
-        assert str(v["along"]) == "inconclusive (reference not converged)"
-        assert v["agreement"].margin is None
+def test_deep_relu_verdict_is_not_assessed_without_a_converged_reference():
+    """Whatever the statistics say, a reference with R-hat >= 1.1 or a bulk ESS below 100 gives no agreement
+    verdict; the reference verdict names what failed."""
+    for ref in ({"rhat_max": 1.1}, {"ess_min": 99.0}, {"rhat_max": 1.17, "ess_min": 23.0}):
+        for kw in ({}, {"sd_ratio_median": 3.0}):
+            v = deep_relu.verdicts.evaluate(_deep(**ref, **kw))
+            assert str(v["agreement"]) == "not assessed: the reference has not converged"
+            assert str(v["along"]) == "not assessed: the reference has not converged"
+            assert v["agreement"].margin is None
+    assert str(deep_relu.verdicts.evaluate(_deep(ess_min=23.0))["reference"]) == (
+        "NOT converged (bulk ESS below 100)")
+    assert str(deep_relu.verdicts.evaluate(_deep(rhat_max=1.17, ess_min=23.0))["reference"]) == (
+        "NOT converged (R-hat above 1.1, bulk ESS below 100)")
+    assert str(deep_relu.verdicts.evaluate(_deep(ess_min=100.0))["agreement"]) == "reproduced"
     assert "the rule alone: differs" in deep_relu.verdicts.evaluate(_deep(rhat_max=1.3, sd_ratio_median=3.0))[
         "agreement"].evidence
+
+
+def test_deep_relu_drift_reads_the_along_table():
+    """The drift sentence starts at the step closest to the reference (the smaller worse statistic) and ends
+    at the last recorded step, with the values of the along table."""
+    s = _deep(agreement_steps=[0, 100, 200, 300], mean_abs_diff_mean_along=[1.0, 0.15, 0.3, 0.45],
+              sd_ratio_median_along=[3.0, 1.0, 1.2, 1.5])
+    text = str(deep_relu.verdicts.drift(s))
+    assert text.startswith("closest at step 100; from there to step 300 ")
+    assert "from 1.00 to 3.00 noise units" in text and "sd ratio from 1.00 to 1.50" in text
 
 
 def test_deep_relu_along_table():
