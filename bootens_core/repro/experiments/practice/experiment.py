@@ -140,7 +140,7 @@ def _compute(key: jax.Array, cfg: PracticeConfig, progress: bool):
     ks, steps = list(cfg.ks), list(cfg.stop_steps)
     kc = cfg.compare_particles
     by_k = np.zeros((cfg.n_splits, len(ks), 3))  # rmse, mnll, coverage90
-    by_step = np.zeros((cfg.n_splits, len(steps), 2))  # rmse, mnll
+    by_step = np.zeros((cfg.n_splits, len(steps), 3))  # rmse, mnll, coverage90
     method = np.zeros((cfg.n_splits, len(METHODS), len(_METRICS)))
     coverage = np.zeros((cfg.n_splits, len(cfg.levels)))
     val_mnll = np.zeros((cfg.n_splits, len(cfg.noise_grid)))
@@ -215,8 +215,9 @@ def _deep_ensemble(key: jax.Array, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.
 
 def _stopped_early(key: jax.Array, est: BootstrapEnsembleRegressor, x_tr: np.ndarray, y_tr: np.ndarray,
                    x_te: np.ndarray, y_te: np.ndarray, cfg: PracticeConfig) -> np.ndarray:
-    """Test RMSE and MNLL of the particles after each of ``stop_steps``: the estimator's network, prior,
-    optimizer, standardisation and selected ``sigma^2``, trained once with snapshots (another key)."""
+    """Test RMSE, MNLL and coverage of the central 90% interval of the particles after each of
+    ``stop_steps``: the estimator's network, prior, optimizer, standardisation and selected ``sigma^2``,
+    trained once with snapshots (another key)."""
     model = models.mlp(x_tr.shape[1], est.hidden_layer_sizes, est.activation, weight_var=est.weight_var,
                        bias_var=est.bias_var, scale_by_fan_in=est.scale_by_fan_in)
     extra = {"linesearch": "zoom"} if est.optimizer == "lbfgs" else {}  # as the estimator builds it
@@ -226,12 +227,13 @@ def _stopped_early(key: jax.Array, est: BootstrapEnsembleRegressor, x_tr: np.nda
     res = ensemble.train(key, model, xs, ys, noise_var=est.noise_var_standardised_,
                          n_particles=cfg.n_particles, opt=opt, steps=cfg.steps, snapshot_steps=cfg.stop_steps,
                          on_diverged="report")
-    out = np.zeros((len(cfg.stop_steps), 2))
+    out = np.zeros((len(cfg.stop_steps), 3))
     for i in range(len(cfg.stop_steps)):
         snap = jax.tree.map(lambda a, i=i: a[i], res.snapshots)
         f = est.y_mean_ + est.y_scale_ * np.asarray(ensemble.predict(model, snap, xt), float)
         ok = np.all(np.isfinite(f), axis=1)
-        out[i] = metrics.rmse(y_te, f[ok].mean(0)), metrics.mixture_mnll(y_te, f[ok], est.noise_var_)
+        out[i] = (metrics.rmse(y_te, f[ok].mean(0)), metrics.mixture_mnll(y_te, f[ok], est.noise_var_),
+                  metrics.mixture_coverage(y_te, f[ok], est.noise_var_, 0.9))
     return out
 
 

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from scipy import stats
 
 from ... import plots
 from ...store import Result
 
 __all__ = ["worked_example", "particles", "noise_variance", "stopping", "calibration", "stuck"]
-
-
-def _mean_se(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over splits (axis 0) and its standard error."""
-    return v.mean(0), v.std(0, ddof=1) / math.sqrt(v.shape[0])
 
 
 @plots.styled
@@ -43,23 +38,45 @@ def worked_example(est: Any, x_test: np.ndarray, y_test: np.ndarray, level: floa
     return fig
 
 
+def _against_last(ax, x: np.ndarray, table: Any, margin: float, label: str) -> None:
+    """Mean difference from the last candidate with its corrected 95% interval as a band, the margin of the
+    non-inferiority rule dotted and zero."""
+    ax.fill_between(x, table["CI low"], table["CI high"], color=plots.COLORS["particles"], alpha=0.25,
+                    label="95% confidence interval")
+    ax.plot(x, table["minus the last"], marker="o", ms=3, color=plots.COLORS["particles"], label=label)
+    ax.axhline(0, lw=0.7, color="black")
+    ax.axhline(margin, ls=":", color=plots.COLORS["law"], label=f"margin {margin:g} nats")
+
+
+def _coverage(ax, x: np.ndarray, cov: np.ndarray, half: np.ndarray) -> None:
+    ax.fill_between(x, cov - half, cov + half, color=plots.COLORS["particles"], alpha=0.25,
+                    label="95% confidence interval")
+    ax.plot(x, cov, marker="o", ms=3, color=plots.COLORS["particles"])
+    ax.axhline(0.9, ls=":", color=plots.COLORS["prior"], label="nominal")
+    ax.set_ylabel("coverage of the 90% interval")
+
+
 @plots.styled
 def particles(result: Result) -> Figure:
-    """Test MNLL and 90% coverage of the first ``k`` particles against ``k`` (mean and standard error over
-    splits)."""
-    ks, by_k = np.asarray(result.summary["ks"]), result["by_k"]
-    fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.6))
-    for ax, col, label in ((axes[0], 1, "test MNLL"), (axes[1], 2, "coverage of the 90% interval")):
-        m, se = _mean_se(by_k[:, :, col])
-        ax.errorbar(ks, m, yerr=se, marker="o", ms=3, capsize=2, color=plots.COLORS["particles"])
+    """Test MNLL of the first ``k`` particles minus all particles', and the 90% interval's coverage, against
+    ``k``: means over splits with their 95% confidence intervals, corrected for splits that share rows
+    (``verdicts.particles_curve``)."""
+    from .verdicts import particles_curve
+
+    s = result.summary
+    t = particles_curve(result)
+    ks = t.index.to_numpy()
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.8))
+    _against_last(axes[0], ks, t, s["mnll_margin"], "mean difference")
+    axes[0].axvline(s["k_enough"], ls="--", color=plots.COLORS["posterior"],
+                    label="fewest shown within the margin")
+    axes[0].set_ylabel("test MNLL minus all particles'")
+    axes[0].set_yscale("symlog", linthresh=0.05)
+    _coverage(axes[1], ks, t["90% coverage"].to_numpy(), t["± (95%)"].to_numpy())
+    for ax in axes:
         ax.set_xscale("log")
         ax.set_xlabel("particles k")
-        ax.set_ylabel(label)
-    axes[1].axhline(0.9, ls=":", color=plots.COLORS["prior"], label="nominal")
-    axes[1].legend(frameon=False)
-    axes[0].axvline(result.summary["k_enough"], ls="--", color=plots.COLORS["posterior"],
-                    label="fewest particles as good as all")
-    axes[0].legend(frameon=False)
+        ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -82,44 +99,60 @@ def noise_variance(result: Result) -> Figure:
 
 @plots.styled
 def stopping(result: Result) -> Figure:
-    """Test MNLL of the particles after each number of steps, and every particle's objective along the run
-    (median and 10-90% band over particles, first split)."""
-    steps, by_step = np.asarray(result.summary["stop_steps"]), result["by_step"]
-    fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.6))
-    m, se = _mean_se(by_step[:, :, 1])
-    shown = steps > 0
-    axes[0].errorbar(steps[shown], m[shown], yerr=se[shown], marker="o", ms=3, capsize=2,
-                     color=plots.COLORS["particles"])
-    axes[0].axvline(result.summary["stop_step"], ls="--", color=plots.COLORS["posterior"],
-                    label="first step as good as the last")
+    """Test MNLL of the particles after each number of steps minus the last step's (95% confidence
+    interval, corrected for splits that share rows), the 90% interval's coverage when the run kept it, and
+    every particle's objective along the run (median and 10-90% band over particles, first split)."""
+    from .verdicts import steps_curve
+
+    s = result.summary
+    t = steps_curve(result)
+    t = t[t.index > 0]
+    steps = t.index.to_numpy()
+    has_cov = "90% coverage" in t.columns
+    fig, axes = plt.subplots(1, 3 if has_cov else 2, figsize=(11 if has_cov else 7.5, 2.8))
+    _against_last(axes[0], steps, t, s["mnll_margin"], "mean difference")
+    axes[0].axvline(s["stop_step"], ls="--", color=plots.COLORS["posterior"],
+                    label="first shown within the margin")
+    axes[0].set_ylabel("test MNLL minus the last step's")
     axes[0].set_xscale("log")
     axes[0].set_xlabel("optimizer steps")
-    axes[0].set_ylabel("test MNLL")
-    axes[0].legend(frameon=False)
+    axes[0].legend(frameon=False, fontsize=7)
+    if has_cov:
+        _coverage(axes[1], steps, t["90% coverage"].to_numpy(), t["± (95%)"].to_numpy())
+        axes[1].set_xscale("log")
+        axes[1].set_xlabel("optimizer steps")
+        axes[1].legend(frameon=False, fontsize=7)
     med, q = result["loss_median"][0], result["loss_q"][0]
-    t = np.arange(1, med.size + 1)
-    axes[1].fill_between(t, q[0], q[1], color=plots.COLORS["particles"], alpha=0.25,
-                         label="10-90% of particles")
-    axes[1].plot(t, med, color=plots.COLORS["particles"], label="median particle")
-    axes[1].set_xscale("log")
-    axes[1].set_yscale("symlog")
-    axes[1].set_xlabel("optimizer step")
-    axes[1].set_ylabel("objective -log p~")
-    axes[1].legend(frameon=False)
+    step = np.arange(1, med.size + 1)
+    ax = axes[-1]
+    ax.fill_between(step, q[0], q[1], color=plots.COLORS["particles"], alpha=0.25,
+                    label="10-90% of particles")
+    ax.plot(step, med, color=plots.COLORS["particles"], label="median particle")
+    ax.axvline(s["stop_step"], ls="--", color=plots.COLORS["posterior"])
+    ax.set_xscale("log")
+    ax.set_yscale("symlog")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("objective -log p~ (first split)")
+    ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
 
 
 @plots.styled
 def calibration(result: Result) -> Figure:
-    """Coverage of the central intervals against their nominal level (mean and two standard errors over
-    splits), and the histogram of the PIT values pooled over splits."""
-    levels = np.asarray(result.summary["levels"])
-    m, se = _mean_se(result["coverage"])
+    """Coverage of the central intervals against their nominal level (mean over splits and its 95% confidence
+    interval, corrected for splits that share rows), and the histogram of the PIT values pooled over
+    splits."""
+    from .verdicts import calibration_table
+
+    table = calibration_table(result)
+    levels = table.index.to_numpy()
+    m = table["coverage"].to_numpy()
+    half = stats.t.ppf(0.975, result["coverage"].shape[0] - 1) * table["corrected SE"].to_numpy()
     fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.8))
     axes[0].plot([0.4, 1], [0.4, 1], ls=":", color=plots.COLORS["prior"], label="calibrated")
-    axes[0].errorbar(levels, m, yerr=2 * se, marker="o", ms=3, capsize=2, color=plots.COLORS["particles"],
-                     label="bootstrap ensemble")
+    axes[0].errorbar(levels, m, yerr=half, marker="o", ms=3, capsize=2, color=plots.COLORS["particles"],
+                     label="bootstrap ensemble, 95% CI")
     axes[0].set_xlabel("nominal level")
     axes[0].set_ylabel("coverage on test rows")
     axes[0].legend(frameon=False)
