@@ -2,7 +2,8 @@
 
 Each particle ``i`` draws a replicate (perturbed labels ``y~_i``, prior anchor ``theta~_i``), starts at
 ``theta_i = theta~_i`` (so the ensemble starts as a prior sample) and climbs its own perturbed log joint.
-All particles move together: one ``jax.vmap`` over the particle axis inside one ``jax.lax.scan`` over steps,
+All particles move together: one ``jax.vmap`` over the particle axis (on a CPU, over groups of particles
+sized by the working set: :mod:`~bootens_core.ensemble.groups`) inside one ``jax.lax.scan`` over steps,
 compiled once. Snapshots of the particles at chosen steps and a per-step ``record`` of any function of the
 particles are taken on the device, without host round-trips.
 
@@ -43,6 +44,7 @@ from ..checks import DivergedParticlesError, check_data, check_finite, model_out
 from ..driver import Chunk, ProgramCache, run_chunks
 from ..models import Model, Params, float_dtype, given_features, predict, program_key
 from ..perturb import Perturbation
+from .groups import auto_particle_batch
 from .kernel import State, init, step
 from .optimizers import Optimizer
 from .sharding import place, gather, pad_particles, particle_mesh, replicate, shard_particles
@@ -181,7 +183,7 @@ def train(
     progress: bool | str = False,
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
-    particle_batch: int | None = None,
+    particle_batch: int | str | None = "auto",
     compiler_options: Mapping[str, Any] | None = None,
 ) -> EnsembleResult:
     """Run Algorithm 1 on ``n_particles`` particles for ``steps`` optimizer steps.
@@ -215,12 +217,14 @@ def train(
             to a multiple of the device count with copies of particle 0 (dropped from the results), which
             ``record`` would see: with ``record``, ``k`` must divide evenly. The particles equal the
             unsharded run's.
-        particle_batch: step the particles this many at a time (:func:`step`) instead of all in one
-            ``vmap`` (``None``, the default); the same particles up to float rounding. Measured on a 2-core
-            CPU (``bootens bench --case particle-batch --features 1024``, 200 particles), groups of 10 step a
-            1-layer ReLU network of Boston's shape 1.2-1.6x as fast, a 4-layer one within a tenth either way,
-            and the linear model of 1024 trigonometric features with Adam at a quarter of the speed: no group
-            size wins everywhere, so the default groups nothing.
+        particle_batch: step the particles this many at a time (:func:`step`); ``None`` steps all in one
+            ``vmap``; ``"auto"`` (the default) lets the working set decide
+            (:func:`~bootens_core.ensemble.groups.auto_particle_batch`): on a CPU, groups of as many particles
+            as touch half the last-level cache in one step (by XLA's count of the bytes one more particle adds,
+            at least 10), all at once when they all fit; on an accelerator, all at once unless the particles
+            would not fit its memory. Unsharded only (sharded runs step all at once). Groups give the particles
+            of all at once up to float rounding, not to the bit: XLA picks a product's kernel by its size (see
+            :mod:`~bootens_core.ensemble.groups`).
         compiler_options: XLA options of the compiled training loop, as :func:`jax.jit` takes them (an
             option's value as a string), e.g. :data:`CPU_REDUCE_WITHOUT_YNN`; the same particles up to float
             rounding.
@@ -298,13 +302,13 @@ def _drive(
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
     noise_axis: int | None = None,
-    particle_batch: int | None = None,
+    particle_batch: int | str | None = "auto",
     compiler_options: tuple[tuple[str, str], ...] = (),
 ) -> _Run:
     """Run ``steps`` steps of every particle of ``state`` (the scan in chunks, sharding, snapshots, records)."""
-    if particle_batch is not None and (isinstance(particle_batch, bool) or not isinstance(particle_batch, int)
-                                       or particle_batch < 1):
-        raise ValueError(f"particle_batch must be a positive integer or None, got {particle_batch!r}")
+    if particle_batch is not None and particle_batch != "auto" and (
+            isinstance(particle_batch, bool) or not isinstance(particle_batch, int) or particle_batch < 1):
+        raise ValueError(f"particle_batch must be a positive integer, None or 'auto', got {particle_batch!r}")
     init_params = state.params
     k = int(jax.tree.leaves(state.params)[0].shape[0])
     if model.features is not None:
@@ -313,7 +317,10 @@ def _drive(
         x = model.features(x)
         model = given_features(model)
     mesh = None
-    if shard is not False and shard is not None:
+    sharded = shard is not False and shard is not None
+    if particle_batch == "auto":
+        particle_batch = None if sharded else auto_particle_batch(model, opt, state, x, noise_var, noise_axis)
+    if sharded:
         mesh = shard if isinstance(shard, Mesh) else particle_mesh(None if shard is True else shard)
         n_dev = mesh.devices.size
         k_pad = -(-k // n_dev) * n_dev
@@ -407,7 +414,7 @@ def train_grid(
     progress: bool | str = False,
     n_chunks: int = 1,
     shard: bool | Sequence[jax.Device] | Mesh = False,
-    particle_batch: int | None = None,
+    particle_batch: int | str | None = "auto",
     perturb_labels: bool = True,
     perturb_prior: bool = True,
 ) -> list[EnsembleResult]:

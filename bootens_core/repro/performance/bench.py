@@ -54,6 +54,10 @@ __all__ = [
     "spread",
     "measure_peak_flops",
     "measure_bandwidth",
+    "measure_cache_bandwidth",
+    "roof_level",
+    "step_cost",
+    "library_group",
     "setup",
     "vmapped_train",
     "jax_loop_train",
@@ -211,16 +215,81 @@ def setup(key: jax.Array, in_dim: int, n: int, hidden_layers: int, k: int, *, wi
             "widths": widths(in_dim, hidden_layers, width)}
 
 
-def _steps_fn(p: dict[str, Any], steps: int) -> Callable[[ensemble.State], ensemble.State]:
-    """``state -> state`` after ``steps`` steps of :func:`ensemble.step` in one jitted ``lax.scan`` (compiled
-    once per problem shape)."""
+def _steps_fn(p: dict[str, Any], steps: int, particle_batch: int | None = None
+              ) -> Callable[[ensemble.State], ensemble.State]:
+    """``state -> state`` after ``steps`` steps of :func:`ensemble.step` (particles ``particle_batch`` at a
+    time) in one jitted ``lax.scan`` (compiled once per problem shape)."""
     model, opt, x, nv = p["model"], p["opt"], p["x"], p["noise_var"]
 
     @jax.jit
     def go(state):
-        return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, nv)[0], None), state, None, length=steps)[0]
+        return jax.lax.scan(lambda s, _: (ensemble.step(s, model, opt, x, nv, particle_batch=particle_batch)[0],
+                                          None), state, None, length=steps)[0]
 
     return go
+
+
+def library_group(p: dict[str, Any]) -> int | None:
+    """The group size :func:`bootens_core.ensemble.train` steps :func:`setup`'s particles in by default on
+    this device (:func:`bootens_core.ensemble.auto_particle_batch`; ``None``: all at once)."""
+    return ensemble.auto_particle_batch(p["model"], p["opt"], p["state"], p["x"], p["noise_var"])
+
+
+def step_cost(p: dict[str, Any], group: int | None) -> dict[str, float]:
+    """XLA's cost analysis of one step of :func:`setup`'s problem as the library runs it: the compiled
+    program of one group (``group`` particles; ``None``: all of them) at once. ``flops`` and ``bytes`` (XLA's
+    "bytes accessed") per particle-step, and ``working_set``: the bytes of the program's buffers (arguments,
+    outputs, temporaries; :meth:`jax.stages.Compiled.memory_analysis`) -- what one group's step touches."""
+    k = int(jax.tree.leaves(p["state"].params)[0].shape[0])
+    g = k if group is None else min(int(group), k)
+    state = jax.tree.map(lambda a: a[:g] if np.ndim(a) else a, p["state"])
+    model, opt, x, nv = p["model"], p["opt"], p["x"], p["noise_var"]
+    compiled = jax.jit(lambda s: ensemble.step(s, model, opt, x, nv)[0]).lower(state).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    mem = compiled.memory_analysis()
+    ws = sum(int(getattr(mem, f, 0) or 0) for f in ("argument_size_in_bytes", "output_size_in_bytes",
+                                                   "temp_size_in_bytes")) if mem is not None else 0
+    return {"flops": float(cost.get("flops", 0.0)) / g, "bytes": float(cost.get("bytes accessed", 0.0)) / g,
+            "working_set": float(ws), "group": g}
+
+
+def measure_cache_bandwidth(key: jax.Array, repeats: int, caches: dict[int, int] | None = None,
+                            memory_mib: int = 256) -> list[dict[str, Any]]:
+    """Bytes/s of a jitted float32 ``a <- a * s + b`` (2 reads + 1 write per element) with ``a`` and ``b``
+    filling half of each cache level (``caches``: ``{level: bytes}``, default
+    :func:`bootens_core.ensemble.cpu_caches`), repeated inside one call (a ``lax.fori_loop``) until a call
+    moves about 256 MiB, and of :func:`measure_bandwidth` on ``memory_mib`` MiB arrays ("memory"). One entry
+    per level, smallest first: ``level``, ``capacity`` (bytes; ``None`` for memory), ``footprint`` (bytes of
+    ``a`` and ``b``), ``bytes_per_s`` (best of ``repeats``) and its ``spread``. The roofline of a step whose
+    working set fits a level uses that level's entry (:func:`roof_level`)."""
+    caches = ensemble.cpu_caches() if caches is None else caches
+    out = []
+    for level in sorted(caches):
+        cap = int(caches[level])
+        n = max(cap // 4 // _F32, 256)
+        reps = max(1, (256 * 2**20) // (3 * n * _F32))
+        ka, kb = jax.random.split(jax.random.fold_in(key, level))
+        a = jax.random.normal(ka, (n,), jnp.float32)
+        b = jax.random.normal(kb, (n,), jnp.float32)
+        run = jax.jit(lambda a, b, reps=reps: jax.lax.fori_loop(0, reps, lambda i, u: u * jnp.float32(0.999) + b, a))
+        _, secs = _time(lambda run=run, a=a, b=b: run(a, b), repeats)
+        rates = [3.0 * n * _F32 * reps / t for t in secs]
+        out.append({"level": f"L{level}", "capacity": cap, "footprint": 2 * n * _F32, "bytes_per_s": max(rates),
+                    "spread": spread(rates)})
+    mem = measure_bandwidth(key, memory_mib, repeats)
+    out.append({"level": "memory", "capacity": None, "footprint": 2 * memory_mib * 2**20,
+                "bytes_per_s": mem["bytes_per_s"], "spread": mem["spread"]})
+    return out
+
+
+def roof_level(working_set: float, levels: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The entry of :func:`measure_cache_bandwidth` for the smallest level whose capacity holds
+    ``working_set`` bytes (the memory entry when none does)."""
+    for lev in levels:
+        if lev["capacity"] is not None and working_set <= lev["capacity"]:
+            return lev
+    return levels[-1]
 
 
 def vmapped_train(p: dict[str, Any], steps: int) -> ensemble.State:
@@ -385,7 +454,8 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
     size = cfg.peak_size or (2048 if platform == "cpu" else 8192)
     mib = cfg.bandwidth_mib or (256 if platform == "cpu" else 2048)
     peak = measure_peak_flops(k_peak, size, cfg.peak_repeats)
-    bw = measure_bandwidth(k_bw, mib, cfg.peak_repeats)
+    levels = measure_cache_bandwidth(k_bw, cfg.peak_repeats, None if platform == "cpu" else {}, mib)
+    bw = {"bytes_per_s": levels[-1]["bytes_per_s"], "spread": levels[-1]["spread"], "mib": mib}
     use_torch = bool(cfg.torch) and _torch_version() is not None
     if use_torch:
         import torch
@@ -411,7 +481,10 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
             "optimizer": "Adam (optax.adam), full batch, float32; matmul FLOPs only "
                          "(see bootens_core.repro.performance.bench)",
             "peak": {"matmul_flops_per_s": peak["flops_per_s"], "matmul": peak,
-                     "bandwidth_bytes_per_s": bw["bytes_per_s"], "bandwidth": bw},
+                     "bandwidth_bytes_per_s": bw["bytes_per_s"], "bandwidth": bw, "levels": levels},
+            "roofline_note": "roof = min(matmul peak, bandwidth of the level holding the working set of one "
+                             "group's step x XLA's FLOPs / XLA's bytes accessed); fraction = achieved XLA "
+                             "FLOP/s over the roof",
             "rows": list(rows),
             "skipped": list(skipped),
             "complete": complete,
@@ -465,9 +538,11 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
                     continue
                 p = setup(key_job, in_dim, n, h, k, width=cfg.width, learning_rate=cfg.learning_rate,
                           noise_var=cfg.noise_var)
+                group = library_group(p) if mesh is None else None
+                cost = step_cost(p, group)
                 if mesh is not None:
                     p = _shard_problem(p, mesh)
-                go = _steps_fn(p, cfg.steps)
+                go = _steps_fn(p, cfg.steps, group)
                 first, _ = _time(lambda g=go, q=p: g(q["state"]), 0)
                 # Repeats alternate the ensemble and the JAX loop, so that both see the same machine (a shared
                 # machine's load drifts): the speed-up is the median of the paired ratios.
@@ -479,6 +554,8 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
                 loop_rates = [m * cfg.steps / s for s in loop_secs]
                 paired = [r / lr for r, lr in zip(rates, loop_rates, strict=True)]
                 med = statistics.median(rates)
+                lev = roof_level(cost["working_set"], levels)
+                xroof = roofline(peak["flops_per_s"], lev["bytes_per_s"], cost["flops"] / cost["bytes"])
                 loop_med = statistics.median(loop_rates)
                 torch_med = statistics.median(torch_rates) if torch_rates else None
                 rows.append({
@@ -500,9 +577,14 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
                     "torch_loop_particle_steps_per_s": torch_med,
                     "torch_loop_spread": spread(torch_rates) if torch_rates else None,
                     "speedup_vs_torch_loop": med / torch_med if torch_med else None,
-                    "arithmetic_intensity": ai, "roofline_flops_per_s": roof,
-                    "roofline_bound": "compute" if roof >= peak["flops_per_s"] else "memory",
-                    "roofline_fraction": med * flops / roof,
+                    "matmul_arithmetic_intensity": ai, "matmul_roofline_flops_per_s": roof,
+                    "particle_batch": group, "xla_flops_per_particle_step": cost["flops"],
+                    "xla_bytes_per_particle_step": cost["bytes"], "working_set_bytes": cost["working_set"],
+                    "arithmetic_intensity": cost["flops"] / cost["bytes"],
+                    "roofline_level": lev["level"], "roofline_bandwidth_bytes_per_s": lev["bytes_per_s"],
+                    "roofline_flops_per_s": xroof,
+                    "roofline_bound": "compute" if xroof >= peak["flops_per_s"] else "memory",
+                    "roofline_fraction": med * cost["flops"] / xroof,
                     "sharded_devices": None if mesh is None else int(mesh.devices.size),
                 })
                 if bar is not None:
