@@ -13,9 +13,14 @@ from typing import Any, NamedTuple
 
 import optax
 
+from .compact_lbfgs import compact_lbfgs
 from .linesearch import batched_zoom_linesearch
 
 __all__ = ["Optimizer", "optimizer"]
+
+# The L-BFGS directions: optax.lbfgs with its two-loop recursion, or the same in compact form (compact_lbfgs:
+# two reads of the history per iteration instead of a gather per stored pair under vmap).
+_DIRECTIONS = {"compact": compact_lbfgs, "two-loop": optax.lbfgs}
 
 # The ensembles' zoom line search: optax.lbfgs's own (zoom, up to 20 steps, initial guess 1), batched per
 # branch over the particles (one object: it is a static argument of the compiled programs).
@@ -71,7 +76,11 @@ def optimizer(name: str, learning_rate: float, **kwargs: Any) -> Optimizer:
             (kwargs ``initial_accumulator_value`` (optax default 0.1), ``eps``), ``"adam"``, ``"lbfgs"``
             (optax's L-BFGS, one iteration per step; kwargs ``memory_size`` (default 10) and ``linesearch``:
             ``None`` for fixed steps of size ``learning_rate`` along the L-BFGS direction, or ``"zoom"`` for
-            optax's zoom line search), or ``"torch-lbfgs"`` (``torch.optim.LBFGS(lr=learning_rate, ...)``,
+            optax's zoom line search; ``direction``: ``"compact"`` (default,
+            :func:`~bootens_core.ensemble.compact_lbfgs.compact_lbfgs`: the inverse-Hessian product from the
+            compact representation, two passes over the history) or ``"two-loop"`` (``optax.lbfgs``'s
+            recursion; the same direction up to float rounding)), or ``"torch-lbfgs"``
+            (``torch.optim.LBFGS(lr=learning_rate, ...)``,
             :func:`bootens_core.ensemble.lbfgs.torch_lbfgs`: **one step is one outer** ``.step(closure)`` of up to
             ``max_iter`` iterations -- ``iterations_per_step = max_iter``; kwargs as torch's: ``max_iter``
             (20), ``max_eval``, ``tolerance_grad``, ``tolerance_change``, ``history_size`` (100),
@@ -117,8 +126,11 @@ def _optimizer(name: str, lr: float, kwargs: dict[str, Any]) -> Optimizer:
     if name == "lbfgs":
         memory = int(kwargs.pop("memory_size", 10))
         search = kwargs.pop("linesearch", None)
+        direction = kwargs.pop("direction", "compact")
         _no_extra(name, kwargs)
-        lbfgs = optax.inject_hyperparams(optax.lbfgs, static_args=("memory_size", "linesearch"))
+        if direction not in _DIRECTIONS:
+            raise ValueError(f"unknown L-BFGS direction {direction!r}: use 'compact' or 'two-loop'")
+        lbfgs = optax.inject_hyperparams(_DIRECTIONS[direction], static_args=("memory_size", "linesearch"))
         if search is None:
             tx = lbfgs(learning_rate=lr, memory_size=memory, linesearch=None)
             desc = f"L-BFGS (memory {memory}), fixed step {lr:g}, no line search"
@@ -127,6 +139,8 @@ def _optimizer(name: str, lr: float, kwargs: dict[str, Any]) -> Optimizer:
             desc = f"L-BFGS (memory {memory}), zoom line search, initial step {lr:g}"
         else:
             raise ValueError(f"unknown L-BFGS line search {search!r}: use None or 'zoom'")
+        if direction == "two-loop":
+            desc += ", two-loop recursion"
         # Only the line search reads the loss value (and caches value and gradient in the state).
         return Optimizer(tx, search is not None, desc)
     if name == "torch-lbfgs":
