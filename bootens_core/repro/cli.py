@@ -79,12 +79,12 @@ def _configure(mod, args: argparse.Namespace):
     ``--set``; an ``int`` exit status (after one line on stderr) when they are not valid."""
     import dataclasses
 
-    from . import config
+    from . import config, overrides
 
     cfg = config.for_profile(mod.Config, args.profile)
-    overrides = {"seed": args.seed, "datasets": args.datasets, "methods": args.methods, "workers": args.workers}
+    given = {"seed": args.seed, "datasets": args.datasets, "methods": args.methods, "workers": args.workers}
     fields = {f.name for f in dataclasses.fields(cfg)}
-    for name, value in overrides.items():
+    for name, value in given.items():
         if value is None:
             continue
         if name not in fields:
@@ -97,34 +97,11 @@ def _configure(mod, args: argparse.Namespace):
                 print(f"bootens: {exc}", file=sys.stderr)
                 return 2
         cfg = dataclasses.replace(cfg, **{name: tuple(value) if isinstance(value, list) else value})
-    for item in args.set or []:
-        name, sep, text = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError("no '='")
-            current = config.get(cfg, name)
-        except ValueError as exc:
-            print(f"bootens: --set takes FIELD=VALUE with a field of {type(cfg).__name__} (dotted for a method's "
-                  f"settings, e.g. lbfgs.linesearch), got {item!r}: {exc}", file=sys.stderr)
-            return 2
-        try:
-            value = json.loads(text) if not isinstance(current, str) else text
-            if isinstance(current, tuple):
-                value = tuple(value)
-            elif isinstance(current, bool) and not isinstance(value, bool):
-                raise ValueError(name)
-            elif type(current) is int and (isinstance(value, bool) or value != int(value)):
-                raise ValueError(name)
-            elif type(current) in (int, float):
-                value = type(current)(value)
-            elif dataclasses.is_dataclass(current):
-                raise ValueError(name)
-            cfg = config.replace(cfg, name, value)
-        except (ValueError, TypeError) as exc:
-            detail = "" if str(exc) == name else f": {exc}"
-            print(f"bootens: cannot read {text!r} as a value of {name} ({type(current).__name__}){detail}",
-                  file=sys.stderr)
-            return 2
+    try:
+        cfg = overrides.apply_sets(cfg, args.set or [])
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
     return cfg
 
 
@@ -549,6 +526,7 @@ def _bench_uci_dataset(args: argparse.Namespace) -> int:
             jax.random.key(cfg.seed), cfg, args.datasets or ["boston"], args.models or [1, 4],
             max_rows=args.max_rows or 0, grid_batch=(args.grid_batches or [0])[0], steps=args.steps or 10,
             warmup=20 if args.warmup is None else args.warmup, repeats=args.repeats or 5,
+            directions=args.lbfgs_directions or ["compact"],
             on_row=lambda partial: _write_json(out, {**partial, "profile": label}))
     except (ValueError, FileNotFoundError) as exc:
         print(f"bootens: {exc}", file=sys.stderr)
@@ -556,11 +534,11 @@ def _bench_uci_dataset(args: argparse.Namespace) -> int:
     doc["profile"] = label
     _write_json(out, doc)
     if not args.quiet:
-        print(f"{'dataset':<9} {'layers':>6} {'K':>5} {'rows':>5} {'GFLOP/it':>9} {'MB/it':>8} {'ms/it':>8} "
+        print(f"{'dataset':<9} {'layers':>6} {'direction':>9} {'K':>5} {'rows':>5} {'GFLOP/it':>9} {'MB/it':>8} {'ms/it':>8} "
               f"{'FLOP%':>6} {'BW%':>7} {'compile s':>9} {'evals':>5}  eval / two-loop / search bookkeeping (ms)")
         for r in doc["rows"]:
             sp = r["split"]
-            print(f"{r['dataset']:<9} {r['hidden_layers']:>6} {r['particles']:>5} {r['n_rows']:>5} "
+            print(f"{r['dataset']:<9} {r['hidden_layers']:>6} {r['direction']:>9} {r['particles']:>5} {r['n_rows']:>5} "
                   f"{r['flops_per_iteration'] / 1e9:>9.3f} {r['bytes_per_iteration'] / 1e6:>8.1f} "
                   f"{1e3 * r['seconds_per_iteration']:>8.2f} {r['flop_fraction']:>6.1%} {r['bandwidth_fraction']:>7.1%} "
                   f"{r['compile_s']:>9.1f} {r['search_evals_per_particle']:>5.2f}  "
@@ -703,6 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "default 1 0); uci-dataset: the first is used (default 0)")
     p_bench.add_argument("--warmup", type=int, default=None,
                          help="uci-dataset: real iterations before the timed ones (default 20)")
+    p_bench.add_argument("--lbfgs-directions", nargs="+", default=None, choices=["compact", "two-loop"],
+                         help="uci-dataset: the L-BFGS directions timed, a row each (default compact: the "
+                              "ensembles' own; two-loop: optax's recursion, the same direction up to rounding)")
     p_bench.add_argument("--particle-batches", type=int, nargs="+", default=[10, 20, 50],
                          help="particle-batch: group sizes timed against all particles at once")
     p_bench.add_argument("--features", type=int, default=0,

@@ -6,13 +6,15 @@ data, standardised on those rows as the cell does), the dataset's inputs, ``n_pa
 the sigma^2 grid batched as :func:`bootens_core.repro.experiments.uci.grid_batch` batches it on this device
 (the first batch of :func:`~bootens_core.repro.experiments.uci.grid_batches`; one sigma^2 on a CPU), the
 L-BFGS of :func:`~bootens_core.repro.experiments.uci.ensemble_optimizer` (memory 10, the batched zoom line
-search) -- runs ``warmup`` iterations of it (the L-BFGS memory fills, the first searches settle), and from that
+search; ``direction``: its compact direction, the default, or optax's two-loop recursion) -- runs ``warmup`` iterations of it (the L-BFGS memory fills, the first searches settle), and from that
 state times compiled programs that each do part of an iteration:
 
 ``eval``
     the loss and gradient of every particle's perturbed log joint (one evaluation of the ensemble);
 ``two_loop``
-    optax's L-BFGS transformation alone on the stored histories: the memory update and the two-loop recursion;
+    the L-BFGS direction alone on the stored histories: the memory update and the product with the
+    inverse-Hessian approximation -- optax's two-loop recursion, or the compact form
+    (:mod:`bootens_core.ensemble.compact_lbfgs`), as the row's ``direction`` says;
 ``one_trial``
     the kernel's update while the stored value and gradient are finite (every iteration but the first) with a
     line search allowed one trial step: two-loop + one evaluation of every particle + the search's bookkeeping
@@ -71,6 +73,7 @@ import numpy as np
 import optax
 
 from ... import ensemble, models, perturb
+from ...ensemble.compact_lbfgs import CompactLBFGSState, compact_lbfgs, scale_by_compact_lbfgs
 from ...ensemble.linesearch import batched_zoom_linesearch
 from .. import store
 from ..config import as_dict
@@ -80,6 +83,7 @@ __all__ = [
     "VENDOR_PEAKS",
     "ROW_KEYS",
     "PART_KEYS",
+    "DIRECTIONS",
     "vendor_peak",
     "xla_cost",
     "Problem",
@@ -97,13 +101,16 @@ VENDOR_PEAKS: dict[str, tuple[float, float]] = {
 }
 
 #: The keys every row of ``uci-dataset.json`` carries (rows carry more).
-ROW_KEYS = ("dataset", "hidden_layers", "n_rows", "in_dim", "n_particles", "grid_values", "particles",
+ROW_KEYS = ("dataset", "hidden_layers", "direction", "n_rows", "in_dim", "n_particles", "grid_values", "particles",
             "flops_per_iteration", "bytes_per_iteration", "seconds_per_iteration", "compile_s",
             "search_evals_per_particle", "flop_fraction", "bandwidth_fraction", "roofline_fraction", "parts",
             "split", "differences", "xla")
 
 #: The parts of an iteration's time (:func:`split_iteration`), in seconds; they sum to the iteration.
 PART_KEYS = ("model_eval_s", "two_loop_s", "line_search_bookkeeping_s")
+
+#: The L-BFGS directions a row can time: the compact form (the ensembles' default) and optax's two-loop recursion.
+DIRECTIONS = ("compact", "two-loop")
 
 
 def vendor_peak(device_kind: str) -> tuple[float, float] | None:
@@ -139,15 +146,18 @@ class Problem(NamedTuple):
     grid_values: tuple[float, ...]
     n_particles: int
     width: int
+    direction: str = "compact"
 
 
 def uci_problem(key: jax.Array, cfg: Any, dataset: str, hidden_layers: int, *, n_particles: int | None = None,
-                max_rows: int = 0, grid_batch: int = 0, split: int = 0) -> Problem:
+                max_rows: int = 0, grid_batch: int = 0, split: int = 0, direction: str = "compact") -> Problem:
     """The ensemble of a paper-scale UCI cell's validation fits (see the module text).
 
     ``cfg``: a :class:`~bootens_core.repro.experiments.uci.config.UCIConfig` (network, L-BFGS, grid, validation
     share, particles); ``n_particles`` overrides its particles; ``max_rows`` > 0 keeps the first that many fit
-    rows; ``grid_batch``: sigma^2 values trained together, 0 = as the UCI cell would on this device.
+    rows; ``grid_batch``: sigma^2 values trained together, 0 = as the UCI cell would on this device;
+    ``direction``: one of :data:`DIRECTIONS` (the L-BFGS direction; ``"two-loop"`` needs the zoom line search
+    or none, the profiles' ``lbfgs.linesearch``).
     """
     import dataclasses
 
@@ -155,6 +165,8 @@ def uci_problem(key: jax.Array, cfg: Any, dataset: str, hidden_layers: int, *, n
     from ..experiments import uci
     from ..harness import validation_rows
 
+    if direction not in DIRECTIONS:
+        raise ValueError(f"uci-dataset L-BFGS directions are {' and '.join(DIRECTIONS)}, got {direction!r}")
     if dataset not in uci_data.DATASETS:
         raise ValueError(f"uci-dataset datasets must be among {', '.join(uci_data.DATASETS)}, got {dataset!r}")
     if isinstance(hidden_layers, bool) or int(hidden_layers) not in (1, 4):
@@ -181,6 +193,12 @@ def uci_problem(key: jax.Array, cfg: Any, dataset: str, hidden_layers: int, *, n
     model = models.mlp(in_dim, (net.width,) * h, "relu", weight_var=net.weight_var, bias_var=net.bias_var,
                        scale_by_fan_in=net.scale_by_fan_in)
     opt = uci.ensemble_optimizer(cfg)
+    if direction != "compact":
+        if cfg.lbfgs.linesearch not in (None, "zoom"):
+            raise ValueError(f"the two-loop direction is optax's L-BFGS: lbfgs.linesearch None or 'zoom', got "
+                             f"{cfg.lbfgs.linesearch!r}")
+        opt = ensemble.optimizer("lbfgs", cfg.lbfgs.step_size, memory_size=cfg.lbfgs.memory,
+                                 linesearch=cfg.lbfgs.linesearch, direction=direction)
     if len(values) == 1:
         noise_var = jnp.asarray(values[0], dtype)
         state = ensemble.init(key, model, y, noise_var, k, opt)
@@ -190,22 +208,38 @@ def uci_problem(key: jax.Array, cfg: Any, dataset: str, hidden_layers: int, *, n
                                              *[(b.params, b.opt_state, b.perturbation) for b in blocks]),
                                blocks[0].step)
         noise_var = jnp.repeat(jnp.asarray(values, dtype), k)
-    return Problem(model, opt, x, noise_var, state, dataset, h, values, k, int(net.width))
+    return Problem(model, opt, x, noise_var, state, dataset, h, values, k, int(net.width), direction)
+
+
+_LBFGS_STATES = (optax.ScaleByLBFGSState, CompactLBFGSState)
 
 
 def _lbfgs_state(opt_state: Any) -> Any:
-    found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByLBFGSState))
-             if isinstance(s, optax.ScaleByLBFGSState)]
+    found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, _LBFGS_STATES))
+             if isinstance(s, _LBFGS_STATES)]
     if len(found) != 1:
-        raise ValueError("the optimizer state holds no single optax L-BFGS state: uci-dataset times optax's L-BFGS")
+        raise ValueError("the optimizer state holds no single L-BFGS state: uci-dataset times the ensembles' "
+                         "L-BFGS (optax's, or its compact form)")
     return found[0]
+
+
+def _direction(state: Any, batched: bool) -> tuple[optax.GradientTransformation, Callable[..., Any], int]:
+    """``(the direction's transformation, the L-BFGS with it, its memory)`` for an L-BFGS state (``batched``:
+    with a particle axis first)."""
+    lead = 1 if batched else 0
+    if isinstance(state, CompactLBFGSState):
+        memory = int(state.sy.shape[lead])
+        return scale_by_compact_lbfgs(memory), compact_lbfgs, memory
+    memory = int(state.weights_memory.shape[lead])
+    return optax.scale_by_lbfgs(memory_size=memory), optax.lbfgs, memory
 
 
 def _one_trial_optimizer(opt: ensemble.Optimizer) -> ensemble.Optimizer:
     """The UCI L-BFGS with its line search allowed a single trial step (the same state layout)."""
-    memory = _lbfgs_state(jax.eval_shape(opt.tx.init, {"w": jnp.zeros(1, jnp.float32)})).weights_memory.shape[0]
-    lbfgs = optax.inject_hyperparams(optax.lbfgs, static_args=("memory_size", "linesearch"))
-    return ensemble.Optimizer(lbfgs(learning_rate=1.0, memory_size=int(memory),
+    _, alias, memory = _direction(_lbfgs_state(jax.eval_shape(opt.tx.init, {"w": jnp.zeros(1, jnp.float32)})),
+                                  False)
+    lbfgs = optax.inject_hyperparams(alias, static_args=("memory_size", "linesearch"))
+    return ensemble.Optimizer(lbfgs(learning_rate=1.0, memory_size=memory,
                                     linesearch=batched_zoom_linesearch(1, "one")), True, "one trial step")
 
 
@@ -223,7 +257,7 @@ def part_programs(p: Problem) -> dict[str, Callable[..., Any]]:
         return -perturb.perturbed_log_joint(model, params, x, pert, noise_var)
 
     vg = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(0, 0, None, nv_axis))
-    lbfgs_tx = optax.scale_by_lbfgs(memory_size=_lbfgs_state(p.state.opt_state).weights_memory.shape[1])
+    lbfgs_tx = _direction(_lbfgs_state(p.state.opt_state), True)[0]
     one = _one_trial_optimizer(p.opt)
 
     def ev(s):
@@ -381,7 +415,7 @@ def _row(p: Problem, peak: dict[str, Any], steps: int, warmup: int, repeats: int
     roof = bench.roofline(peak["flops_per_s"], peak["bytes_per_s"], ai)
     ws = bench.widths(int(p.x.shape[1]), p.hidden_layers, p.width)
     return {
-        "dataset": p.dataset, "hidden_layers": p.hidden_layers, "n_rows": int(p.x.shape[0]),
+        "dataset": p.dataset, "hidden_layers": p.hidden_layers, "direction": p.direction, "n_rows": int(p.x.shape[0]),
         "in_dim": int(p.x.shape[1]), "n_particles": p.n_particles, "grid_values": list(p.grid_values),
         "particles": K, "group_size": g, "dtype": str(dtype), "steps": steps, "warmup": warmup,
         "repeats": repeats,
@@ -403,11 +437,13 @@ def _row(p: Problem, peak: dict[str, Any], steps: int, warmup: int, repeats: int
 def measure_uci_dataset(key: jax.Array, cfg: Any, datasets: Sequence[str], hidden_layers: Sequence[int], *,
                         n_particles: int | None = None, max_rows: int = 0, grid_batch: int = 0, steps: int = 10,
                         warmup: int = 20, repeats: int = 5, peak_repeats: int = 5,
+                        directions: Sequence[str] = ("compact",),
                         on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """One L-BFGS iteration of paper-scale UCI ensembles, split and set against the roofline (``bootens bench
     --case uci-dataset``): the ``uci-dataset.json`` document (see the module text).
 
-    One row per dataset x hidden layers (1 or 4): :data:`ROW_KEYS`, the seconds of every part program
+    One row per dataset x hidden layers (1 or 4) x L-BFGS direction (``directions``, of :data:`DIRECTIONS`:
+    the same ensemble from the same key, so the rows of one dataset and depth compare the two): :data:`ROW_KEYS`, the seconds of every part program
     (``parts``), the split of an iteration (``split``: :data:`PART_KEYS`), the measured differences and XLA's
     costs. ``cfg``: the UCI configuration of the profile; ``n_particles`` overrides its particles per sigma^2,
     ``max_rows`` > 0 caps the fit rows, ``grid_batch`` the sigma^2 values trained together (0: as the UCI
@@ -417,8 +453,10 @@ def measure_uci_dataset(key: jax.Array, cfg: Any, datasets: Sequence[str], hidde
     if steps < 1 or warmup < 0 or repeats < 1 or peak_repeats < 1:
         raise ValueError(f"need steps >= 1, warmup >= 0, repeats >= 1 and peak_repeats >= 1, got {steps}, {warmup}, "
                          f"{repeats}, {peak_repeats}")
-    if not datasets or not hidden_layers:
-        raise ValueError("uci-dataset needs at least one dataset and one depth")
+    if not datasets or not hidden_layers or not directions:
+        raise ValueError("uci-dataset needs at least one dataset, one depth and one L-BFGS direction")
+    if any(d not in DIRECTIONS for d in directions):
+        raise ValueError(f"uci-dataset L-BFGS directions are {' and '.join(DIRECTIONS)}, got {list(directions)}")
     from ...data import uci as uci_data
 
     bad = [d for d in datasets if d not in uci_data.DATASETS]
@@ -440,7 +478,7 @@ def measure_uci_dataset(key: jax.Array, cfg: Any, datasets: Sequence[str], hidde
             "versions": {**prov["versions"], "python": prov["python"]}, "provenance": prov,
             "config": as_dict(cfg), "peak": peak,
             "settings": {"n_particles": n_particles, "max_rows": max_rows, "grid_batch": grid_batch, "steps": steps,
-                         "warmup": warmup, "repeats": repeats},
+                         "warmup": warmup, "repeats": repeats, "directions": list(directions)},
             "method": ("seconds: median over repeats of one jitted lax.scan of `steps` iterations, per iteration, "
                        "after `warmup` real iterations; parts: programs doing part of an iteration, split by "
                        "differences (bootens_core.repro.performance.iteration); FLOPs and bytes: XLA cost "
@@ -452,8 +490,10 @@ def measure_uci_dataset(key: jax.Array, cfg: Any, datasets: Sequence[str], hidde
     for i, ds in enumerate(datasets):
         for h in hidden_layers:
             kk = jax.random.fold_in(jax.random.fold_in(k_data, i), int(h))
-            p = uci_problem(kk, cfg, ds, int(h), n_particles=n_particles, max_rows=max_rows, grid_batch=grid_batch)
-            rows.append(_row(p, peak, steps, warmup, repeats))
-            if on_row is not None:
-                on_row(document(False))
+            for direction in directions:
+                p = uci_problem(kk, cfg, ds, int(h), n_particles=n_particles, max_rows=max_rows,
+                                grid_batch=grid_batch, direction=direction)
+                rows.append(_row(p, peak, steps, warmup, repeats))
+                if on_row is not None:
+                    on_row(document(False))
     return document(True)

@@ -38,8 +38,8 @@ def test_split_of_an_iteration_by_hand():
 def test_the_document_is_rewritten_after_every_row(monkeypatch):
     # Stubs for the measurement: what is checked is the document's life, not the numbers.
     monkeypatch.setattr(iteration, "_peaks", lambda key, repeats: {"flops_per_s": 1.0, "bytes_per_s": 1.0})
-    monkeypatch.setattr(iteration, "uci_problem", lambda key, cfg, ds, h, **kw: (ds, h))
-    monkeypatch.setattr(iteration, "_row", lambda p, *a: {"dataset": p[0], "hidden_layers": p[1]})
+    monkeypatch.setattr(iteration, "uci_problem", lambda key, cfg, ds, h, **kw: (ds, h, kw["direction"]))
+    monkeypatch.setattr(iteration, "_row", lambda p, *a: {"dataset": p[0], "hidden_layers": p[1], "direction": p[2]})
     from bootens_core.repro.experiments.uci.config import UCIConfig
 
     seen = []
@@ -47,8 +47,13 @@ def test_the_document_is_rewritten_after_every_row(monkeypatch):
                                         on_row=seen.append)
     assert [len(d["rows"]) for d in seen] == [1, 2, 3, 4] and not any(d["complete"] for d in seen)
     assert doc["complete"] and doc["case"] == "uci-dataset"
-    assert [(r["dataset"], r["hidden_layers"]) for r in doc["rows"]] == [
-        ("boston", 1), ("boston", 4), ("yacht", 1), ("yacht", 4)]
+    assert [(r["dataset"], r["hidden_layers"], r["direction"]) for r in doc["rows"]] == [
+        ("boston", 1, "compact"), ("boston", 4, "compact"), ("yacht", 1, "compact"), ("yacht", 4, "compact")]
+    # both L-BFGS directions: a row each, side by side
+    doc = iteration.measure_uci_dataset(jax.random.key(0), UCIConfig.quick(), ["boston"], [1],
+                                        directions=("compact", "two-loop"))
+    assert [r["direction"] for r in doc["rows"]] == ["compact", "two-loop"]
+    assert doc["settings"]["directions"] == ["compact", "two-loop"]
 
 
 def test_bad_settings_are_named():
@@ -61,6 +66,8 @@ def test_bad_settings_are_named():
         iteration.measure_uci_dataset(jax.random.key(0), cfg, ["boston"], [2])
     with pytest.raises(ValueError, match="steps >= 1"):
         iteration.measure_uci_dataset(jax.random.key(0), cfg, ["boston"], [1], steps=0)
+    with pytest.raises(ValueError, match="L-BFGS directions are compact and two-loop"):
+        iteration.measure_uci_dataset(jax.random.key(0), cfg, ["boston"], [1], directions=["three-loop"])
 
 
 _MIRROR = os.environ.get("BOOTENS_DATA_DIR") or str(Path(__file__).resolve().parents[3] / "shared" / "data" / "uci")
@@ -81,14 +88,19 @@ def test_cli_bench_uci_dataset(tmp_path: Path, capsys, monkeypatch):
     # Boston's first 32 fit rows, the 1-layer network, 4 particles: every field, the FLOPs against a hand count,
     # the split of the time.
     code = cli.main(["bench", "--case", "uci-dataset", "--datasets", "boston", "--models", "1", "--k", "4",
-                     "--max-rows", "32", "--steps", "2", "--warmup", "2", "--repeats", "3", "--out", str(tmp_path)])
+                     "--max-rows", "32", "--steps", "2", "--warmup", "2", "--repeats", "3", "--lbfgs-directions",
+                     "compact", "two-loop", "--out", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
     assert "boston" in out and "two-loop" in out
     doc = json.loads((tmp_path / "uci-dataset.json").read_text())
     assert doc["case"] == "uci-dataset" and doc["complete"] and doc["device"]["platform"] == jax.devices()[0].platform
     assert doc["peak"]["flops_per_s"] > 0 and doc["peak"]["bytes_per_s"] > 0
-    (r,) = doc["rows"]
+    r, r_two_loop = doc["rows"]
+    assert (r["direction"], r_two_loop["direction"]) == ("compact", "two-loop")
+    # the same ensemble: the same evaluation, only the direction's program differs
+    assert r_two_loop["xla"]["eval"] == r["xla"]["eval"]
+    assert r_two_loop["xla"]["two_loop"] != r["xla"]["two_loop"]
     assert set(iteration.ROW_KEYS) <= set(r)
     assert (r["dataset"], r["hidden_layers"], r["n_rows"], r["in_dim"], r["particles"]) == ("boston", 1, 32, 13, 4)
     assert r["grid_values"] == [1e-4] and r["dtype"] == "float32"  # one sigma^2 on a CPU: the grid's first

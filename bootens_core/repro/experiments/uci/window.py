@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 _RESULTS = Path("results") / "paper"
+# The committed records a window reads (cell times, held cells, TF32 cells), as folders of results/paper.
+_RECORDS = ("uci", "uci-mcd-sghmc", "uci-fanin")
 
 
 class Stage(NamedTuple):
@@ -107,7 +109,7 @@ def made_in_float32(provenance: Mapping[str, Any]) -> bool:
 
 
 def tf32_cells(
-    root: str | Path, records: Sequence[str] = ("uci", "uci-mcd-sghmc", "uci-fanin")
+    root: str | Path, records: Sequence[str] = _RECORDS
 ) -> dict[str, set[tuple[str, int, str]]]:
     """By record folder under ``root`` (results/paper): (dataset, split, method id) of its cells that a GPU
     made
@@ -181,6 +183,10 @@ def _skipped(stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[st
     return held
 
 
+def _record_dirs(root: Path) -> list[Path]:
+    return [root / r for r in _RECORDS if (root / r).is_dir()]
+
+
 def _pending(
     stage: Stage, cfg: Any, root: Path, redo: Mapping[str, set[tuple[str, int, str]]], key: Any
 ) -> list[Any]:
@@ -188,6 +194,16 @@ def _pending(
 
     held = _skipped(stage, cfg, root, redo) | stored_cells(key, cfg)
     return [c for c in priority(cells(cfg)) if c not in held]
+
+
+def _shard_pending(cfg: Any, todo: Sequence[Any], index: int, count: int) -> list[Any]:
+    """The cells of ``todo`` that worker ``index`` of ``count`` runs: as run_pending shards them, the whole
+    priority order first (so a cell's worker does not depend on what is stored), then what is left to do."""
+    from ... import cellpack
+    from .experiment import cells, priority
+
+    left = set(todo)
+    return [c for c in cellpack.shard(priority(cells(cfg)), index, count) if c in left]
 
 
 def plan(
@@ -218,9 +234,7 @@ def plan(
     root = Path(root)
     key = jax.random.key(base.seed) if key is None else key
     redo = tf32_cells(root)
-    refs = reference_times(
-        [p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()]
-    )
+    refs = reference_times(_record_dirs(root))
     device = str(jax.devices()[0].device_kind)
     left = [float(budget_s)] * int(processes)
     out = []
@@ -232,7 +246,7 @@ def plan(
         n, secs = 0, 0.0
         for i in range(int(processes)):
             warm: set[tuple[str, str]] = set()
-            for cell in cellpack.shard(todo, i, int(processes)):
+            for cell in _shard_pending(cfg, todo, i, int(processes)):
                 est = times.estimate(cell, warm=(cell.method, cell.dataset) in warm)
                 if est <= left[i]:
                     left[i] -= est
@@ -251,9 +265,7 @@ def _worker(args: argparse.Namespace, base: Any) -> int:
     root = Path(args.records)
     key = jax.random.key(base.seed)
     redo = tf32_cells(root)
-    refs = experiment.reference_times(
-        [p for p in (root / "uci", root / "uci-mcd-sghmc", root / "uci-fanin") if p.is_dir()]
-    )
+    refs = experiment.reference_times(_record_dirs(root))
     for stage in _chosen(args):
         left = args.deadline - time.time()
         if left < 5:
@@ -289,20 +301,13 @@ def _chosen(args: argparse.Namespace) -> tuple[Stage, ...]:
 
 
 def _base_config(args: argparse.Namespace) -> Any:
-    from ... import config
+    from ... import config, overrides
     from .config import UCIConfig
 
     cfg = config.for_profile(UCIConfig, args.profile)
     if args.datasets:
         cfg = dataclasses.replace(cfg, datasets=tuple(args.datasets))
-    for item in args.set or []:
-        name, sep, text = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
-        value = json.loads(text)
-        current = config.get(cfg, name)
-        cfg = config.replace(cfg, name, tuple(value) if isinstance(current, tuple) else value)
-    return cfg
+    return overrides.apply_sets(cfg, args.set or [])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
