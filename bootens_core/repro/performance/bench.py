@@ -16,10 +16,13 @@ count ``k`` it measures, in one process and one run:
 - **speed-up against a PyTorch loop** (CPU build, when ``torch`` is installed): one ``nn.Sequential`` per
   particle trained by ``torch.optim.Adam`` on the same loss, one particle after another (``None`` without
   torch);
-- **fraction of the roofline** of the same device for the same shapes: ``min(peak, bandwidth x AI)``, with
-  ``peak`` the best measured FLOP/s of a large float32 matmul, ``bandwidth`` the best measured bytes/s of a
-  large float32 ``a + s * b`` and ``AI`` the arithmetic intensity of the training step's matmuls (FLOPs per
-  byte they must read and write, float32: :func:`step_bytes`).
+- **fraction of the roofline** of the same device for the same step: ``min(peak, B_level x AI)``, with
+  ``peak`` the best measured FLOP/s of a large float32 matmul, ``AI`` XLA's FLOPs over XLA's bytes accessed of
+  the compiled step (:func:`step_cost`) and ``B_level`` the best measured bytes/s of a float32 streaming
+  kernel on arrays filling half of the memory level -- L1, L2, L3 cache (sizes from the operating system) or
+  main memory -- that holds the buffers of one group's step (:func:`measure_cache_bandwidth`,
+  :func:`roof_level`). The ensemble is timed as :func:`bootens_core.ensemble.train` runs it: particles in the
+  groups it picks on this device (:func:`library_group`), recorded per row as ``particle_batch``.
 
 The result is a JSON document (:func:`measure`); :func:`run` caches it in the result store for the book.
 """
@@ -54,6 +57,7 @@ __all__ = [
     "spread",
     "measure_peak_flops",
     "measure_bandwidth",
+    "measure_matmul_peak",
     "measure_cache_bandwidth",
     "roof_level",
     "step_cost",
@@ -172,6 +176,27 @@ def measure_peak_flops(key: jax.Array, size: int, repeats: int) -> dict[str, Any
     _, secs = _time(lambda: mm(a, b), repeats)
     rates = [2.0 * size**3 / s for s in secs]
     return {"flops_per_s": max(rates), "spread": spread(rates), "size": size}
+
+
+def measure_matmul_peak(key: jax.Array, sizes: Sequence[int], repeats: int) -> dict[str, Any]:
+    """The best FLOP/s of float32 matmuls of several sizes: each ``(s x s) @ (s x s)``, repeated inside one
+    call (a ``lax.fori_loop`` of ``u <- tanh(a @ u)``) until a call does about 2 GFLOP, so that small sizes,
+    which XLA runs on one thread, are timed without a dispatch each. On a shared CPU a large matmul split over
+    every core waits for the busiest one, while a step's small products do not: the peak is the best of all
+    sizes (``flops_per_s``, with the ``spread`` and ``size`` of that size; ``sizes``: every size's entry)."""
+    entries = []
+    for s in sizes:
+        s = int(s)
+        reps = max(1, int(2e9 // (2.0 * s**3)))
+        ka, ku = jax.random.split(jax.random.fold_in(key, s))
+        a = jax.random.normal(ka, (s, s), jnp.float32) / jnp.sqrt(jnp.float32(s))
+        u = jax.random.normal(ku, (s, s), jnp.float32)
+        run = jax.jit(lambda a, u, reps=reps: jax.lax.fori_loop(0, reps, lambda i, v: jnp.tanh(a @ v), u))
+        _, secs = _time(lambda run=run, a=a, u=u: run(a, u), repeats)
+        rates = [2.0 * s**3 * reps / t for t in secs]
+        entries.append({"size": s, "flops_per_s": max(rates), "spread": spread(rates)})
+    best = max(entries, key=lambda e: e["flops_per_s"])
+    return {**best, "sizes": entries}
 
 
 def measure_bandwidth(key: jax.Array, mib: int, repeats: int) -> dict[str, Any]:
@@ -453,7 +478,7 @@ def measure(key: jax.Array, cfg: BenchConfig, *, progress: bool = False,
     platform = jax.devices()[0].platform
     size = cfg.peak_size or (2048 if platform == "cpu" else 8192)
     mib = cfg.bandwidth_mib or (256 if platform == "cpu" else 2048)
-    peak = measure_peak_flops(k_peak, size, cfg.peak_repeats)
+    peak = measure_matmul_peak(k_peak, (128, 256, 512, size), cfg.peak_repeats)
     levels = measure_cache_bandwidth(k_bw, cfg.peak_repeats, None if platform == "cpu" else {}, mib)
     bw = {"bytes_per_s": levels[-1]["bytes_per_s"], "spread": levels[-1]["spread"], "mib": mib}
     use_torch = bool(cfg.torch) and _torch_version() is not None

@@ -20,7 +20,7 @@ _SHAPE_COLORS = {"boston": "#1f77b4", "kin8nm": "#2ca02c", "protein": "#d62728"}
 @styled
 def throughput(docs: dict[str, dict[str, Any]]) -> Figure:
     """The benchmark (``bench.json`` documents by label, one row of panels each): particle-steps/s against
-    the number of particles ``k``, the speed-up over the loop of single-particle trainings (JAX solid,
+    the number of particles ``k`` (dashed: the roof, where the document has XLA's FLOPs per step), the speed-up over the loop of single-particle trainings (JAX solid,
     PyTorch dotted), and the fraction of the device's roofline; colour = dataset shape, marker = depth.
     Error bars: min to max over the timed repeats."""
     if not docs:
@@ -40,6 +40,9 @@ def throughput(docs: dict[str, dict[str, Any]]) -> Figure:
             hi = np.array([r["particle_steps_per_s_spread"]["max"] for r in rs]) - rate
             row[0].errorbar(k, rate, yerr=[lo, hi], color=color, marker=marker, ms=3.5, capsize=2,
                             label=f"{model} {ds}")
+            if all(r.get("xla_flops_per_particle_step") for r in rs):  # the roof, in particle-steps/s
+                row[0].plot(k, [r["roofline_flops_per_s"] / r["xla_flops_per_particle_step"] for r in rs],
+                            color=color, ls="--", lw=0.9)
             row[1].plot(k, [r["speedup_vs_jax_loop"] for r in rs], color=color, marker=marker, ms=3.5)
             if all(r["speedup_vs_torch_loop"] is not None for r in rs):
                 row[1].plot(k, [r["speedup_vs_torch_loop"] for r in rs], color=color, marker=marker, ms=3.5,
@@ -58,7 +61,9 @@ def throughput(docs: dict[str, dict[str, Any]]) -> Figure:
             ax.set_xlabel("particles k")
         row[0].set_yscale("log")
         row[1].set_yscale("log")
-    axes[0, 0].legend(frameon=False, fontsize=7, ncol=1)
+    handles, _ = axes[0, 0].get_legend_handles_labels()
+    axes[0, 0].legend(handles=[*handles, Line2D([], [], color="#555555", ls="--", label="roof")], frameon=False,
+                      fontsize=7, ncol=1)
     axes[0, 1].legend(handles=[Line2D([], [], color="#555555", ls="-", label="vs JAX loop"),
                                Line2D([], [], color="#555555", ls=":", label="vs PyTorch loop")],
                       frameon=False, fontsize=7)
