@@ -44,6 +44,7 @@ __all__ = [
     "CRPS_PAIR_COMPONENTS",
     "calibration",
     "run_cell",
+    "run_cells_at_once",
     "CellStore",
     "run_cells",
 ]
@@ -63,6 +64,9 @@ class Method(NamedTuple):
     others get ``None`` and report the variance they fitted in ``Prediction.noise_var``. A ``select_noise``
     method may also give ``fit_grid(key, x_fit, y_fit, x_eval, noise_grid)``: the predictions of ``fit`` for
     every value of the grid, in order, computed together (:func:`run_cell` then uses it for the selection).
+    ``fit_many(keys, xs_fit, ys_fit, xs_eval, noise_vars)`` and ``fit_grid_many(keys, xs_fit, ys_fit, xs_eval,
+    noise_grid)``, where given: ``fit`` and ``fit_grid`` of several problems of one shape (the splits of a
+    dataset) computed together, a list by problem (:func:`run_cells_at_once`).
     """
 
     name: str
@@ -70,6 +74,8 @@ class Method(NamedTuple):
     select_noise: bool
     fit: Callable[..., Prediction]
     fit_grid: Callable[..., list[Prediction]] | None = None
+    fit_many: Callable[..., list[Prediction]] | None = None
+    fit_grid_many: Callable[..., list[list[Prediction]]] | None = None
 
     @property
     def id(self) -> str:
@@ -175,31 +181,94 @@ def run_cell(
     start = time.perf_counter()
     record: dict[str, Any] = {}
     if method.select_noise:
-        if not noise_grid:
-            raise ValueError("an empty noise_grid: nothing to select sigma^2 from")
-        fit_rows, val_rows = validation_rows(data.x_train.shape[0], data.split, val_seed, val_fraction)
-        x_f, y_f, x_v, y_v, ys_f = _restandardise(data, fit_rows, val_rows)
-        grid = [float(nv) for nv in noise_grid]
+        grid = _grid(noise_grid)
+        x_f, y_f, x_v, y_v, ys_f = _validation_data(data, val_seed, val_fraction)
         if method.fit_grid is not None:
             preds = method.fit_grid(k_val, x_f, y_f, x_v, grid)
         else:
             preds = (method.fit(k_val, x_f, y_f, x_v, nv) for nv in grid)
-        val_mnll = []
-        for pred in preds:
-            score = evaluate(y_v, pred, ys_f)["test_mnll"]
-            val_mnll.append(score if math.isfinite(score) else math.inf)
-        if not any(math.isfinite(v) for v in val_mnll):
-            raise RuntimeError(f"{data.name} split {data.split}, {method.id}: every sigma^2 of the grid diverged")
-        best = int(np.argmin(val_mnll))
-        noise_var = float(noise_grid[best])
-        record["val_mnll"] = val_mnll
-        record["noise_grid"] = [float(v) for v in noise_grid]
-        selection = f"validation MNLL over {len(noise_grid)} values"
+        noise_var, selection = _select(record, preds, y_v, ys_f, grid, data, method)
         pred = method.fit(k_fit, data.x_train, data.y_train, data.x_test, noise_var)
     else:
         pred = method.fit(k_fit, data.x_train, data.y_train, data.x_test, None)
         noise_var = float(pred.noise_var) if pred.noise_var is not None else math.nan
         selection = (pred.info or {}).get("selection", "fitted with the model")
+    return _cell_record(record, data, method, pred, noise_var, selection, start)
+
+
+def run_cells_at_once(
+    keys: Sequence[jax.Array],
+    method: Method,
+    datas: Sequence[uci.UCISplit],
+    *,
+    noise_grid: Sequence[float],
+    val_seed: int,
+    val_fraction: float = 0.2,
+) -> list[dict[str, Any]]:
+    """:func:`run_cell` of several splits of one dataset at once (``keys[i]`` the key of ``datas[i]``'s cell):
+    the validation fits of every split and ``sigma^2`` together (``method.fit_grid_many``), then the final fits
+    of every split together (``method.fit_many``), each at its own selected ``sigma^2``. Each record is the
+    one :func:`run_cell` makes, up to float rounding; its ``wall_s`` is its share of the whole (the wall
+    time over the cells), ``at_once`` says how many cells ran together and in how many seconds.
+
+    Raises ``ValueError`` for a method without ``fit_many``/``fit_grid_many`` or splits of different shapes
+    (run those cell by cell).
+    """
+    if not method.select_noise or method.fit_many is None or method.fit_grid_many is None:
+        raise ValueError(f"{method.id} cannot run splits at once (it needs select_noise, fit_many and "
+                         "fit_grid_many): run its cells one by one")
+    if len(keys) != len(datas) or not datas:
+        raise ValueError(f"need one key per split (at least one split), got {len(keys)} keys, {len(datas)} splits")
+    if len({(d.name, d.x_train.shape, d.x_test.shape) for d in datas}) != 1:
+        raise ValueError("splits run at once must be of one dataset with equal training and test sizes, got "
+                         f"{sorted({(d.name, d.x_train.shape, d.x_test.shape) for d in datas})}")
+    start = time.perf_counter()
+    grid = _grid(noise_grid)
+    pairs = [jax.random.split(k) for k in keys]
+    val = [_validation_data(d, val_seed, val_fraction) for d in datas]
+    preds = method.fit_grid_many([p[0] for p in pairs], [v[0] for v in val], [v[1] for v in val],
+                                 [v[2] for v in val], grid)
+    records: list[dict[str, Any]] = [{} for _ in datas]
+    chosen = [_select(rec, split_preds, v[3], v[4], grid, d, method)
+              for rec, split_preds, v, d in zip(records, preds, val, datas, strict=True)]
+    finals = method.fit_many([p[1] for p in pairs], [d.x_train for d in datas], [d.y_train for d in datas],
+                             [d.x_test for d in datas], [nv for nv, _ in chosen])
+    out = [_cell_record(rec, d, method, pred, nv, selection, start)
+           for rec, d, pred, (nv, selection) in zip(records, datas, finals, chosen, strict=True)]
+    wall = time.perf_counter() - start
+    for rec in out:
+        rec.update(wall_s=wall / len(out), at_once={"cells": len(out), "wall_s": wall})
+    return out
+
+
+def _grid(noise_grid: Sequence[float]) -> list[float]:
+    if not noise_grid:
+        raise ValueError("an empty noise_grid: nothing to select sigma^2 from")
+    return [float(nv) for nv in noise_grid]
+
+
+def _validation_data(data: uci.UCISplit, val_seed: int, val_fraction: float):
+    fit_rows, val_rows = validation_rows(data.x_train.shape[0], data.split, val_seed, val_fraction)
+    return _restandardise(data, fit_rows, val_rows)
+
+
+def _select(record: dict[str, Any], preds: Any, y_v: np.ndarray, ys_f: float, grid: list[float],
+            data: uci.UCISplit, method: Method) -> tuple[float, str]:
+    """The grid's sigma^2 with the lowest validation MNLL (written into ``record``), and the selection's text."""
+    val_mnll = []
+    for pred in preds:
+        score = evaluate(y_v, pred, ys_f)["test_mnll"]
+        val_mnll.append(score if math.isfinite(score) else math.inf)
+    if not any(math.isfinite(v) for v in val_mnll):
+        raise RuntimeError(f"{data.name} split {data.split}, {method.id}: every sigma^2 of the grid diverged")
+    best = int(np.argmin(val_mnll))
+    record["val_mnll"] = val_mnll
+    record["noise_grid"] = list(grid)
+    return float(grid[best]), f"validation MNLL over {len(grid)} values"
+
+
+def _cell_record(record: dict[str, Any], data: uci.UCISplit, method: Method, pred: Prediction, noise_var: float,
+                 selection: str, start: float) -> dict[str, Any]:
     scores = evaluate(data.y_test, pred, data.y_std)
     scores.update(calibration(data.y_test, pred, data.y_std))
     if pred.info:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import figures, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, run, store_dir, compute_cell, cells, expand_methods, method,
+    NAME, DESCRIPTION, ARTEFACTS, Config, run, store_dir, compute_cell, compute_cells, cells, expand_methods, method,
     paper_reference, LEVEL, MIN_SPLITS, METRICS, ENSEMBLE_IDS, BASELINE_IDS, PRACTICE_IDS, compare_with_paper, holm,
     method_id, paired, paired_comparisons, ranking, comparative_claim, published_reference, summarise,
     restate, paper_scale_summary, result_cells, cells_csv, lbfgs_check, sghmc_step_study, deep_lr_check,
@@ -20,7 +20,7 @@ from .experiment import (
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "store_dir", "compute_cell", "cells",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "store_dir", "compute_cell", "compute_cells", "cells",
     "expand_methods", "method", "paper_reference", "LEVEL", "MIN_SPLITS", "METRICS", "ENSEMBLE_IDS",
     "BASELINE_IDS", "PRACTICE_IDS", "compare_with_paper", "holm", "method_id", "paired", "paired_comparisons",
     "ranking",

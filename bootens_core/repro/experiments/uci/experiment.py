@@ -79,6 +79,7 @@ __all__ = [
     "run",
     "store_dir",
     "compute_cell",
+    "compute_cells",
     "cells",
     "expand_methods",
     "method",
@@ -275,7 +276,23 @@ def _ensemble_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: in
             preds += [predict(res, x_eval, nv) for res, nv in zip(results[:n_real], part[:n_real], strict=True)]
         return preds
 
-    return Method("ensemble" if perturb else "plain", layers, True, fit_ensemble, fit_ensemble_grid)
+    def stacked(keys, xs, ys, noise_vars):
+        return ensemble.train_stacked(keys, model, xs, ys, noise_vars=noise_vars, n_particles=n_particles, opt=opt,
+                                      steps=steps, dtype=dtype, on_diverged="report", perturb_labels=perturb,
+                                      perturb_prior=perturb)
+
+    def fit_many(keys, xs, ys, x_evals, noise_vars):
+        # every split at its own sigma^2: one block per problem
+        results = stacked(keys, xs, ys, [[nv] for nv in noise_vars])
+        return [predict(res[0], x_eval, nv) for res, x_eval, nv in zip(results, x_evals, noise_vars, strict=True)]
+
+    def fit_grid_many(keys, xs, ys, x_evals, noise_grid):
+        results = stacked(keys, xs, ys, [list(noise_grid)] * len(xs))
+        return [[predict(r, x_eval, nv) for r, nv in zip(res, noise_grid, strict=True)]
+                for res, x_eval in zip(results, x_evals, strict=True)]
+
+    return Method("ensemble" if perturb else "plain", layers, True, fit_ensemble, fit_ensemble_grid, fit_many,
+                  fit_grid_many)
 
 
 def _plain_method(network: NetworkConfig, lbfgs: LBFGSConfig, n_particles: int, /, ctx: _Context) -> Method:
@@ -562,6 +579,25 @@ def stored_cells(key: jax.Array, cfg: UCIConfig, root: str | Path | None = None)
 
 def _cell_store(key: jax.Array, cfg: UCIConfig) -> harness.CellStore:
     return _CellStore(store_dir(key, cfg), cfg)
+
+
+def compute_cells(key: jax.Array, cfg: UCIConfig, cells_: Sequence[Cell]) -> list[dict[str, Any]]:
+    """The records of several splits of one dataset and method computed at once (never read from the cell
+    store): every split x every sigma^2 x every particle of the validation fits as one program, then the final
+    fits of every split as one (:func:`bootens_core.repro.harness.run_cells_at_once`,
+    :func:`bootens_core.ensemble.train_stacked`). Each record is :func:`compute_cell`'s up to float rounding,
+    from the same key. A method that cannot (not an ensemble), or splits of different sizes: cell by cell.
+    Raises ``ValueError`` for cells of more than one dataset or method."""
+    if not cells_:
+        return []
+    if len({(c.dataset, c.method) for c in cells_}) != 1:
+        raise ValueError(f"cells computed at once share a dataset and a method, got {[c.label for c in cells_]}")
+    datas = [uci.load(c.dataset, c.split) for c in cells_]
+    m = method(cells_[0].method, cfg, cells_[0].dataset, datas[0].x_train.shape[1], datas[0].y_std)
+    same_shape = len({(d.x_train.shape, d.x_test.shape) for d in datas}) == 1
+    if m.fit_many is None or not same_shape:
+        return [compute_cell(key, cfg, c) for c in cells_]
+    return harness.run_cells_at_once([_cell_key(key, c) for c in cells_], m, datas, **_protocol(cfg))
 
 
 def compute_cell(key: jax.Array, cfg: UCIConfig, cell: Cell) -> dict[str, Any]:
