@@ -23,8 +23,9 @@ export BOOTENS_DATA_DIR=${BOOTENS_DATA_DIR:-$PWD/.bootens_cache/uci-data} BOOTEN
 py=${PYTHON:-python}
 start=$(date +%s)
 if [ "$bench_s" -gt 0 ]; then
-  timeout "$bench_s" $py -m bootens_core.repro.cli bench --case uci-dataset --datasets kin8nm protein --models 1 4 \
-      --repeats 3 --out "$out" > "$out/bench.log" 2>&1
+  # the L-BFGS direction in compact form (the default) and optax's two-loop recursion, a row each
+  timeout "$bench_s" $py -m bootens_core.repro.cli bench --case uci-dataset --datasets kin8nm --models 1 4 \
+      --lbfgs-directions compact two-loop --repeats 3 --out "$out" > "$out/bench.log" 2>&1
 fi
 # what is left of the window, less 45 s for the last cell running over its estimate and the packing
 budget=$(( window_s - ($(date +%s) - start) - 45 ))
