@@ -122,7 +122,7 @@ def _stored_result(mod, root, cfg, kept=()):
 def _scheduled_options(args: argparse.Namespace) -> bool:
     return any(v not in (None, False, []) for v in (args.time_budget, args.shard, args.pack, args.pack_all,
                                                      args.cell_times, args.default_cell_s,
-                                                     args.skip_recorded))
+                                                     args.skip_recorded, args.at_once))
 
 
 def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:
@@ -171,7 +171,7 @@ def _run_pending(mod, cfg, key, args: argparse.Namespace) -> int:
         outcome = mod.run_pending(
             key, cfg, budget_s=budget, shard=part, references=refs, default_s=default_s, pack=args.pack,
             pack_all=args.pack_all, force=args.force, progress=not args.quiet, start=args._start,
-            recorded=recorded,
+            recorded=recorded, at_once=args.at_once,
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"bootens: {exc}", file=sys.stderr)
@@ -614,6 +614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--pack", default=None, metavar="FILE.tar.gz",
                        help="uci: write the cells computed by this run, with their provenance, into one "
                             ".tar.gz (rewritten after every cell); fold it in with `bootens fold-cells`")
+    p_run.add_argument("--at-once", action="store_true",
+                       help="uci: the pending splits of a dataset and ensemble method as one group, every split "
+                            "x sigma^2 x particle in one program (each cell still stored and packed alone)")
     p_run.add_argument("--pack-all", action="store_true",
                        help="uci: --pack holds every stored cell of the configuration, not only this run's")
     p_run.add_argument("--cell-times", nargs="+", default=None, metavar="PATH",

@@ -1657,14 +1657,45 @@ def _timed_cell(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cell: Cell
     """:func:`compute_cell` plus, beside the record's fields, ``compile_s`` / ``compiles`` (XLA compilations in
     this cell's thread) and ``provenance`` (``prov`` + the cell's whole elapsed seconds, data loading included,
     and when it finished)."""
+    return _timed(lambda: [compute_cell(key, cfg, cell)], prov)[0]
+
+
+def _timed_cells(key: jax.Array, cfg: UCIConfig, prov: dict[str, Any], cells_: Sequence[Cell]) -> list[dict[str, Any]]:
+    """:func:`compute_cells` with :func:`_timed_cell`'s fields, each cell's its share of the group's: compile
+    seconds and elapsed seconds over the cells (the group's compilations are every cell's ``compiles``)."""
+    return _timed(lambda: compute_cells(key, cfg, cells_), prov)
+
+
+def _timed(compute: Callable[[], list[dict[str, Any]]], prov: dict[str, Any]) -> list[dict[str, Any]]:
     start = time.perf_counter()
     with CompileCounter(per_thread=True) as timer:
-        rec = compute_cell(key, cfg, cell)
-    rec["compile_s"] = float(timer.seconds)
-    rec["compiles"] = int(timer.compiles)
-    rec["provenance"] = {**prov, "elapsed_s": time.perf_counter() - start,
-                         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return rec
+        recs = compute()
+    elapsed = time.perf_counter() - start
+    for rec in recs:
+        rec["compile_s"] = float(timer.seconds) / len(recs)
+        rec["compiles"] = int(timer.compiles)
+        rec["provenance"] = {**prov, "elapsed_s": elapsed / len(recs),
+                             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return recs
+
+
+def _groups(cells_: Sequence[Cell]) -> dict[Cell, list[Cell]]:
+    """The cells in runs of one dataset and one ensemble method (consecutive in the given order), by the run's
+    first cell; every other cell alone."""
+    groups: dict[Cell, list[Cell]] = {}
+    last: Cell | None = None
+    for c in cells_:
+        if (last is not None and (last.dataset, last.method) == (c.dataset, c.method)
+                and c.method.partition("-")[0] in _AT_ONCE_FAMILIES):
+            groups[last].append(c)
+        else:
+            last = c
+            groups[c] = [c]
+    return groups
+
+
+# The method families whose cells of one dataset run at once (compute_cells): those with Method.fit_many.
+_AT_ONCE_FAMILIES = ("ensemble", "plain")
 
 
 class PendingRun(NamedTuple):
@@ -1723,6 +1754,7 @@ def run_pending(
     compute: Callable[[Cell], dict[str, Any]] | None = None,
     root: str | Path | None = None,
     recorded: Collection[Cell] = (),
+    at_once: bool = False,
 ) -> PendingRun:
     """Run the cells of ``cfg`` not yet stored, in :func:`priority` order, within ``budget_s`` seconds.
 
@@ -1752,7 +1784,12 @@ def run_pending(
       provided they are cells of ``cfg`` at this code's keys; otherwise the run refuses, before any cell,
       with one ``ValueError`` naming the pack.
 
-    ``compute`` replaces the cell computation (tests); ``root`` the cell store's folder.
+    - **At once** (``at_once``): the pending cells of one dataset and ensemble method that follow each other in
+      the shard's order run as one group (:func:`compute_cells`: every split in one program), started when
+      the sum of their estimates fits; each is still stored, packed and reported as a cell.
+
+    ``compute`` replaces the cell computation (tests: a function of one cell, or with ``at_once`` of a list of
+    cells giving their records); ``root`` the cell store's folder.
     """
     t0 = clock() if start is None else float(start)
     all_cells = priority(cells(cfg))
@@ -1807,11 +1844,39 @@ def run_pending(
         write()
 
     write()
-    outcome = cellpack.run_budgeted(
-        runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
-        estimate=times.estimate, budget_s=budget_s, workers=cfg.cell_workers, clock=clock, start=t0, on_finish=on_finish,
-        force=force, progress=progress, probe=times.probe,
-    )
+    stored_before = set(stored_all)
+    if at_once:
+        groups = _groups([c for c in runnable if force or c not in stored_all])
+        grouped = compute or functools.partial(_timed_cells, key, cfg, prov)
+        later: dict[Cell, dict[str, Any]] = {}
+
+        def compute_group(first: Cell) -> dict[str, Any]:
+            recs = grouped(groups[first])
+            later.update(zip(groups[first][1:], recs[1:], strict=True))
+            return recs[0]
+
+        def finish_group(first: Cell, rec: dict[str, Any]) -> None:
+            on_finish(first, rec)
+            for c in groups[first][1:]:
+                cell_store.put(c, later.pop(c))
+                on_finish(c, cell_store.get(c))
+
+        outcome = cellpack.run_budgeted(
+            list(groups), compute_group, cell_store,
+            estimate=lambda first: sum(times.estimate(c) for c in groups[first]), budget_s=budget_s,
+            workers=cfg.cell_workers, clock=clock, start=t0, on_finish=finish_group, force=force,
+            progress=progress, probe=times.probe,
+        )
+        outcome = outcome._replace(
+            stored=[c for c in runnable if not force and c in stored_before],
+            remaining=[c for first in outcome.remaining for c in groups.get(first, [first])],
+            failed=[(c, why) for first, why in outcome.failed for c in groups[first]])
+    else:
+        outcome = cellpack.run_budgeted(
+            runnable, compute or functools.partial(_timed_cell, key, cfg, prov), cell_store,
+            estimate=times.estimate, budget_s=budget_s, workers=cfg.cell_workers, clock=clock, start=t0,
+            on_finish=on_finish, force=force, progress=progress, probe=times.probe,
+        )
     for cell in times.probed:
         notes.append(f"probe: {cell.label} started although its estimate did not fit, as no "
                      f"{cell.method.partition('-')[0]} cell had been measured on {times.device}")

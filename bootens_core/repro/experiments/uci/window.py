@@ -285,6 +285,7 @@ def _worker(args: argparse.Namespace, base: Any) -> int:
             recorded=held,
             default_s=args.default_cell_s,
             pack=Path(args.out) / f"{stage.name}-{i}.tar.gz",
+            at_once=args.at_once,
         )
         print(
             f"{stage.name} shard {i}/{n}: ran {len(out.ran)} cell(s), {len(out.remaining)} remaining, "
@@ -338,6 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only these stages (default: all, in their order)",
     )
     p.add_argument("--plan-only", action="store_true", help="print what the cost model expects, run nothing")
+    p.add_argument(
+        "--at-once",
+        action="store_true",
+        help="a worker's pending splits of a dataset and ensemble method as one group (run uci --at-once)",
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

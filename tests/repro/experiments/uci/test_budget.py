@@ -371,6 +371,45 @@ def test_a_window_passes_over_the_recorded_cells(tmp_path):
     assert uci.recorded_cells([rec], UCIConfig.quick()) == {Cell("boston", 0, "ensemble-1")}
 
 
+def test_at_once_runs_the_splits_of_a_dataset_and_method_as_one_group(tmp_path):
+    # Yacht and Boston, ensemble-1 and MC dropout, 3 splits: the ensemble's pending splits of a dataset go to
+    # the computation together (in the shard's priority order); MC dropout's one by one; every cell is stored
+    # and packed; a stored cell is not computed again; the budget admits a group when its estimates' sum fits.
+    cfg = _cfg(datasets=("boston", "yacht"), methods=("ensemble-1", "mcd-1"), max_splits=3, workers=1)
+    root = tmp_path / "cells"
+    pre = uci.run_pending(jax.random.key(0), cfg, budget_s=None, compute=lambda c: _fake_record(c, 1.0),
+                          root=root)  # everything, then one cell removed again: 1 stored of boston's 3
+    for c in uci.cells(cfg):
+        if c != Cell("boston", 1, "ensemble-1"):
+            next(root.glob(f"{c.dataset}/{c.method}-*/split-{c.split}.json")).unlink()
+    assert len(pre.ran) == 12
+    calls = []
+
+    def compute(cells_):
+        calls.append(list(cells_))
+        return [_fake_record(c, 2.0) for c in cells_]
+
+    pack = tmp_path / "p.tar.gz"
+    got = uci.run_pending(jax.random.key(0), cfg, compute=compute, root=root, at_once=True, pack=pack)
+    groups = [[(c.dataset, c.split, c.method) for c in g] for g in calls]
+    assert [("boston", 0, "ensemble-1"), ("boston", 2, "ensemble-1")] in groups
+    assert [("yacht", 0, "ensemble-1"), ("yacht", 1, "ensemble-1"), ("yacht", 2, "ensemble-1")] in groups
+    assert all(len(g) == 1 for g in groups if g[0][2] == "mcd-1") and len(groups) == 2 + 6
+    assert sorted(got.ran) == sorted(c for c in uci.cells(cfg) if c != Cell("boston", 1, "ensemble-1"))
+    assert got.stored_before == [Cell("boston", 1, "ensemble-1")] and got.remaining == []
+    assert len(cellpack.read_pack(pack)[1]) == 11
+    # a budget that admits the 2-cell group (estimates 2 s each, measured above) but not the 3-cell one
+    for c in uci.cells(cfg):
+        if c.method == "ensemble-1" and c != Cell("boston", 1, "ensemble-1"):
+            next(root.glob(f"{c.dataset}/{c.method}-*/split-{c.split}.json")).unlink()
+    calls.clear()
+    cfg1 = _cfg(datasets=("boston", "yacht"), methods=("ensemble-1",), max_splits=3, workers=1)
+    clock = FakeClock()
+    got = uci.run_pending(jax.random.key(0), cfg1, compute=compute, root=root, at_once=True, budget_s=5.0,
+                          clock=clock, safety=1.0)
+    assert [len(g) for g in calls] == [2] and len(got.remaining) == 3
+
+
 def test_a_run_keeps_the_cells_of_the_pack_it_rewrites(tmp_path):
     # A background run killed after a cell and resumed from the cell store (which passes over that cell)
     # used to rewrite its pack with only the cells it ran itself, losing the earlier one.
