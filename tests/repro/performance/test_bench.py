@@ -357,3 +357,10 @@ def test_bandwidth_is_measured_over_the_arrays_asked_for():
     bw = bench.measure_bandwidth(jax.random.key(0), 3, 2)
     assert bw["mib"] == 3 and math.isfinite(bw["bytes_per_s"]) and bw["bytes_per_s"] > 0
     assert bw["spread"]["max"] == bw["bytes_per_s"] and len(bw["spread"]) == 5
+
+
+def test_matmul_peak_is_the_best_of_its_sizes():
+    peak = bench.measure_matmul_peak(jax.random.key(0), (8, 16), 2)
+    assert [e["size"] for e in peak["sizes"]] == [8, 16]
+    assert peak["flops_per_s"] == max(e["flops_per_s"] for e in peak["sizes"]) > 0
+    assert peak["spread"]["max"] == peak["flops_per_s"]
