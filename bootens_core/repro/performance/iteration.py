@@ -50,12 +50,15 @@ round) + ``(E - 1) K / g`` x ``group_eval``. The bookkeeping of the further roun
 selects, gathers and scatters: bytes more than FLOPs).
 
 **Peaks.** On a GPU whose model is in :data:`VENDOR_PEAKS` the FP32 (non-tensor) FLOP/s and memory bandwidth of
-the vendor's datasheet; otherwise (a CPU) the bench's own measured float32 matmul peak and ``a + s * b``
-bandwidth (:func:`bootens_core.repro.performance.bench.measure_peak_flops`, ``measure_bandwidth``); both are in
-the document. The fractions: achieved FLOP/s over the FLOP peak, achieved bytes/s over the bandwidth, and
+the vendor's datasheet. On a CPU the bench's own: the best float32 matmul FLOP/s over several sizes
+(:func:`bootens_core.repro.performance.bench.measure_matmul_peak`) and the bandwidth of every cache level and of
+memory (``measure_cache_bandwidth``); a row's bandwidth roof is that of the smallest level holding the working
+set of its one-trial iteration (XLA's memory analysis: arguments, outputs, temporaries; ``roof_level``,
+``working_set``). The fractions: achieved FLOP/s over the FLOP peak, achieved bytes/s over that bandwidth, and
 achieved FLOP/s over the roofline ``min(peak, bandwidth x AI)`` at the iteration's arithmetic intensity (XLA's
-FLOPs over XLA's bytes). On a CPU the bytes XLA counts are mostly served from caches, so the bandwidth fraction
-can pass 1: it is then a statement that the iteration is not bound by main memory.
+FLOPs over XLA's bytes). XLA's bytes count every operand of every operation, so where a fused program keeps
+them in registers or a smaller cache than the working set's level, the bandwidth fraction can still pass 1:
+the record then says that the iteration is not bound by the bandwidth of that level.
 """
 
 from __future__ import annotations
@@ -346,16 +349,25 @@ def _peaks(key: jax.Array, peak_repeats: int) -> dict[str, Any]:
     dev = jax.devices()[0]
     k_peak, k_bw = jax.random.split(key)
     cpu = dev.platform == "cpu"
-    measured_peak = bench.measure_peak_flops(k_peak, 2048 if cpu else 8192, peak_repeats)
-    measured_bw = bench.measure_bandwidth(k_bw, 256 if cpu else 2048, peak_repeats)
     vendor = None if cpu else vendor_peak(getattr(dev, "device_kind", ""))
+    if cpu:
+        # The best of several matmul sizes (a large one over both cores waits for the busiest), and the bandwidth
+        # of every cache level: a row's roof is the level its iteration's working set fits in.
+        measured_peak = bench.measure_matmul_peak(k_peak, (128, 256, 512, 2048), peak_repeats)
+        levels = bench.measure_cache_bandwidth(k_bw, peak_repeats)
+        measured_bw = levels[-1]
+    else:
+        measured_peak = bench.measure_peak_flops(k_peak, 8192, peak_repeats)
+        measured_bw = bench.measure_bandwidth(k_bw, 2048, peak_repeats)
+        levels = None
     if vendor is not None:
         flops, bw, source = vendor[0], vendor[1], "vendor datasheet (FP32 non-tensor FLOP/s, memory bandwidth)"
     else:
         flops, bw = measured_peak["flops_per_s"], measured_bw["bytes_per_s"]
-        source = ("measured: best float32 matmul FLOP/s and a + s*b bytes/s of this process "
-                  "(bench.measure_peak_flops, bench.measure_bandwidth)")
-    return {"flops_per_s": flops, "bytes_per_s": bw, "source": source,
+        source = ("measured: best float32 matmul FLOP/s over sizes, and a <- a*s + b bytes/s at each cache level "
+                  "and in memory (bench.measure_matmul_peak, bench.measure_cache_bandwidth); a row's roof is the "
+                  "level holding its iteration's working set")
+    return {"flops_per_s": flops, "bytes_per_s": bw, "source": source, "levels": levels,
             "measured": {"matmul": measured_peak, "bandwidth": measured_bw}}
 
 
@@ -382,6 +394,11 @@ def _row(p: Problem, peak: dict[str, Any], steps: int, warmup: int, repeats: int
     exes, costs = {}, {}
     for name in ("eval", "two_loop", "one_trial", "group_eval"):
         exes[name], _, costs[name] = _compiled(_scanned(progs[name], steps), state, z)
+    mem = exes["one_trial"].memory_analysis()
+    working_set = float(sum(int(getattr(mem, f, 0) or 0) for f in (
+        "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes"))) if mem is not None else 0.0
+    level = bench.roof_level(working_set, peak["levels"]) if peak.get("levels") else None
+    bandwidth = level["bytes_per_s"] if level is not None else peak["bytes_per_s"]
     # XLA counts a loop's body once, whatever its trip count: check that convention on the evaluation alone
     # (cheap to compile), so that the scanned programs' costs are one iteration's.
     single = xla_cost(lambda s: progs["eval"](s)[0], state)["flops"]
@@ -412,7 +429,7 @@ def _row(p: Problem, peak: dict[str, Any], steps: int, warmup: int, repeats: int
     nbytes = costs["one_trial"]["bytes"] + extra * costs["group_eval"]["bytes"]
     sec = med["step"]
     ai = flops / nbytes
-    roof = bench.roofline(peak["flops_per_s"], peak["bytes_per_s"], ai)
+    roof = bench.roofline(peak["flops_per_s"], bandwidth, ai)
     ws = bench.widths(int(p.x.shape[1]), p.hidden_layers, p.width)
     return {
         "dataset": p.dataset, "hidden_layers": p.hidden_layers, "direction": p.direction, "n_rows": int(p.x.shape[0]),
@@ -426,7 +443,8 @@ def _row(p: Problem, peak: dict[str, Any], steps: int, warmup: int, repeats: int
         "search_evals_per_particle_max": float(counts.max()),
         "flops_per_s": flops / sec, "bytes_per_s": nbytes / sec,
         "flop_fraction": flops / sec / peak["flops_per_s"],
-        "bandwidth_fraction": nbytes / sec / peak["bytes_per_s"],
+        "bandwidth_fraction": nbytes / sec / bandwidth, "working_set": working_set,
+        "roof_level": level["level"] if level is not None else "memory", "roof_bytes_per_s": bandwidth,
         "roofline_flops_per_s": roof, "roofline_fraction": flops / sec / roof,
         "parts": {name: {"seconds_per_iteration": med[name], "spread": bench.spread(v)} for name, v in secs.items()},
         "split": parts, "differences": diffs,
