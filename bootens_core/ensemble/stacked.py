@@ -133,8 +133,12 @@ def train_stacked(
     key_all = jnp.stack(list(keys)) if not isinstance(keys, jax.Array) else keys
     nv_all = jnp.asarray(grid, dtype)
     run = _program(model, opt, steps, k, perturb_labels, perturb_prior)
-    per = int(problems) if problems is not None else problems_per_program(
-        run.lower(key_all[:1], x_all[:1], y_all[:1], nv_all[:1]).compile(), n)
+    if problems is not None:
+        per = int(problems)
+    elif jax.devices()[0].platform == "cpu":  # all at once: no one-problem program to compile for its memory
+        per = n
+    else:
+        per = problems_per_program(run.lower(key_all[:1], x_all[:1], y_all[:1], nv_all[:1]).compile(), n)
     if per < 1:
         raise ValueError(f"problems per program must be at least 1, got {problems!r}")
     outs = []
