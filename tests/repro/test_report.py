@@ -32,18 +32,33 @@ def test_verdict_is_text_with_evidence_and_margin():
 @pytest.mark.parametrize("fn, s", [
     (toy_relu.verdicts.evaluate, {"kde_self_distance_sd": 0.11, "kde_self_distance_mean": 6.9, "kl_max_increase": 1.0012,
                                 "rhat_max": 1.0234, "rhat_iid_q99": 1.0612, "kl_final_vs_exact": 12.94}),
-    (deep_relu.verdicts.evaluate, {"rhat_max": 1.3097, "mean_abs_diff_mean": 0.3712, "sd_ratio_median": 1.308,
-                                 "reference_noise_mad": 0.1698, "reference_noise_log_sd": 0.0211}),
-    (deep_relu.verdicts.evaluate, {"rhat_max": 1.0512, "mean_abs_diff_mean": 0.3712, "sd_ratio_median": 1.308,
-                                 "reference_noise_mad": 0.1698, "reference_noise_log_sd": 0.0211}),
-    (classification.verdicts.evaluate, {"rhat_max": 1.2345, "band_coverage_vs_mcmc": 0.353}),
+    # deep ReLU: not converged by R-hat, by ESS, and converged (with the along-steps verdict)
+    (deep_relu.verdicts.evaluate, {"rhat_max": 1.3097, "ess_min": 123.4, "mean_abs_diff_mean": 0.3712,
+                                 "sd_ratio_median": 1.308, "reference_noise_mad": 0.1698,
+                                 "reference_noise_log_sd": 0.0211}),
+    (deep_relu.verdicts.evaluate, {"rhat_max": 1.0512, "ess_min": 23.4, "mean_abs_diff_mean": 0.3712,
+                                 "sd_ratio_median": 1.308, "reference_noise_mad": 0.1698,
+                                 "reference_noise_log_sd": 0.0211}),
+    (deep_relu.verdicts.evaluate, {"rhat_max": 1.0051, "ess_min": 812.3, "mean_abs_diff_mean": 0.2712,
+                                 "sd_ratio_median": 1.0308, "reference_noise_mad": 0.1698,
+                                 "reference_noise_log_sd": 0.0211, "agreement_steps": [100, 200, 300],
+                                 "mean_abs_diff_mean_along": [0.1234, 0.2712, 0.5123],
+                                 "sd_ratio_median_along": [1.0123, 1.0308, 1.2345]}),
+    # classification: not converged, and converged
+    (classification.verdicts.evaluate, {"rhat_max": 1.2345, "ess_bulk_min": 54.3, "prob_mad_vs_mcmc": 0.0353,
+                                        "width_ratio_vs_mcmc": 0.3712, "reference_noise_prob_mad": 0.0123,
+                                        "reference_noise_log_width": 0.0456}),
+    (classification.verdicts.evaluate, {"rhat_max": 1.0045, "ess_bulk_min": 954.3, "prob_mad_vs_mcmc": 0.0153,
+                                        "width_ratio_vs_mcmc": 1.0412, "reference_noise_prob_mad": 0.0123,
+                                        "reference_noise_log_width": 0.0456}),
 ])
 def test_verdict_texts_carry_no_measured_number(fn, s):
     """A checked notebook output prints the verdict text: a measured number there would move with rounding."""
     import re
 
     for name, v in fn(s).items():
-        measured = {f"{x:.{d}f}" for x in s.values() for d in (1, 2, 3) if x not in (1.1, 0.8)}
+        values = [x for v in s.values() for x in (v if isinstance(v, list) else [v])]
+        measured = {f"{x:.{d}f}" for x in values for d in (1, 2, 3) if x not in (1.1, 0.8)}
         found = set(re.findall(r"\d+\.\d+", str(v))) & measured
         assert not found, (name, str(v))
         assert v.evidence, name  # ... the numbers are in the evidence instead

@@ -125,9 +125,14 @@ def test_cli_writes_the_bench_json_contract(tmp_path: Path, capsys):
         for key in ("particle_steps_per_s", "flops_per_s", "speedup_vs_jax_loop", "roofline_fraction"):
             assert math.isfinite(r[key]) and r[key] > 0
         assert r["flops_per_s"] == pytest.approx(r["particle_steps_per_s"] * bench.step_flops((13, 50, 1), 64)["total"])
+        # the row's bandwidth roof is the measured bandwidth of the cache level it names (its working set's)
+        level = {lev["level"]: lev["bytes_per_s"] for lev in doc["peak"]["levels"]}
+        assert r["roofline_bandwidth_bytes_per_s"] == level[r["roofline_level"]]
         assert r["roofline_flops_per_s"] == pytest.approx(bench.roofline(
-            doc["peak"]["matmul_flops_per_s"], doc["peak"]["bandwidth_bytes_per_s"], r["arithmetic_intensity"]))
-        assert r["roofline_fraction"] == pytest.approx(r["flops_per_s"] / r["roofline_flops_per_s"])
+            doc["peak"]["matmul_flops_per_s"], r["roofline_bandwidth_bytes_per_s"], r["arithmetic_intensity"]))
+        # the fraction counts XLA's FLOPs of the compiled step (flops_per_s counts the matmuls alone)
+        assert r["roofline_fraction"] == pytest.approx(
+            r["particle_steps_per_s"] * r["xla_flops_per_particle_step"] / r["roofline_flops_per_s"])
         assert r["particle_steps_per_s_spread"]["min"] <= r["particle_steps_per_s"] <= r["particle_steps_per_s_spread"]["max"]
         if doc["versions"]["torch"] is None:
             assert r["speedup_vs_torch_loop"] is None

@@ -155,7 +155,7 @@ def test_chapter_run_tables_and_figures(chapter):
         assert (paired["splits"] == CFG.n_splits).all()
     assert "bootstrap − deep ensemble" in classification.verdicts.paired(chapter, "deep").columns
     stacked = classification.verdicts.paired_all(chapter)
-    assert list(stacked.columns) == ["bootstrap − other", "std. error", "splits", "bootstrap is"]
+    assert list(stacked.columns) == ["bootstrap − other", "std. error", "splits", "p", "bootstrap is"]
     assert stacked.shape[0] == 3 * 3 * len(CFG.datasets)
     deep = classification.verdicts.paired(chapter, "deep")
     assert (stacked.loc["Deep ensemble", "bootstrap − other"].to_numpy() == deep.iloc[:, 0].to_numpy()).all()
