@@ -8,6 +8,9 @@
 - :func:`nuts_model`: NumPyro's NUTS on the same flattened log joint (a faster reference where gradients help);
   :func:`nuts` runs it on any log density of flat vectors (e.g. a classification likelihood), with
   :func:`prior_starts` for starting points and :func:`unravel_draws` to turn its flat draws into parameters.
+- :func:`resumable_nuts` / :func:`run_resumable`: the same NUTS a chunk at a time, its state and every chunk's
+  kept values (e.g. the predictive on a grid) saved to a directory, so that a reference needing days resumes
+  after an interrupt with the draws an uninterrupted run gives; :func:`read_run` reads them back.
 - :func:`sghmc_model`: scale-adapted stochastic-gradient HMC (Springenberg et al., 2016), the paper's SGHMC
   baseline on UCI (restarts from prior draws, an adapting burn-in, then thinned draws; minibatch gradients);
   its kernel :func:`sghmc_init` / :func:`sghmc_step` (state :class:`SGHMCState`, :class:`SGHMCHyper`) works on
@@ -35,6 +38,7 @@ from ._common import MCMCResult, log_density_fn, prior_starts, unravel_draws
 from .diagnostics import ess, predictive_diagnostics, rhat
 from .mh import metropolis, metropolis_model
 from .nuts import NUTS_CHAIN_METHODS, nuts, nuts_model, resolve_chain_method
+from .resumable import read_run, resumable_nuts, run_resumable
 from .sghmc import SGHMCHyper, SGHMCInfo, SGHMCState, sghmc_init, sghmc_model, sghmc_step
 
 __all__ = [
@@ -52,7 +56,10 @@ __all__ = [
     "resolve_chain_method",
     "predictive_diagnostics",
     "prior_starts",
+    "read_run",
+    "resumable_nuts",
     "rhat",
+    "run_resumable",
     "sghmc_init",
     "sghmc_model",
     "sghmc_step",
