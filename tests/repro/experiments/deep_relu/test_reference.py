@@ -1,0 +1,91 @@
+"""experiments.deep_relu.reference: the resumable NUTS reference samples the experiment's own posterior from
+its own starting points (its draws are the experiment's NUTS draws), its diagnostics judge convergence as
+ArviZ's R-hat and ESS say on draws of known law, and the command runs, resumes and refuses other settings."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from bootens_core.repro import cli
+from bootens_core.repro.config import MHConfig, NUTSConfig
+from bootens_core.repro.experiments import deep_relu
+from bootens_core.repro.experiments.deep_relu import reference
+from bootens_core.repro.experiments.deep_relu.config import DeepReluConfig
+from bootens_core.samplers import resumable
+
+TINY = DeepReluConfig(
+    n_data=20, depth=2, width=5,
+    mh=MHConfig(proposal_var=0.01, chains=2, burn_in=1, thin=1, draws=2),
+    nuts=NUTSConfig(chains=2, warmup=4, draws=4, max_tree_depth=4, target_accept=0.9, chain_method="auto"),
+    n_particles=2, steps=2, stages=(0, 2), agreement_every=2, x_grid_points=9,
+)
+TINY_SETS = ["--set", "n_data=20", "--set", "depth=2", "--set", "width=5", "--set", "nuts.chains=2",
+             "--set", "nuts.warmup=4", "--set", "nuts.max_tree_depth=4", "--set", "x_grid_points=9"]
+
+
+@pytest.mark.slow  # the whole experiment at a tiny size: about 20 s of CPU, nearly all of it compilation
+def test_the_reference_draws_are_the_experiments_nuts_draws(tmp_path):
+    """The truth: the experiment's own run (its data, prior, NUTS call and keys); the reference, run in two
+    chunks, keeps ``f(x_grid)`` of the same draws (in float32)."""
+    key = jax.random.key(TINY.seed)
+    exp = deep_relu.run(key, TINY, use_cache=False)
+    progress, diag = reference.run_reference(key, TINY, tmp_path / "ref", chunk_draws=2,
+                                             n_draws=TINY.nuts.draws)
+    run = resumable.read_run(tmp_path / "ref")
+    want = exp["f_nuts"].reshape(TINY.nuts.chains, TINY.nuts.draws, TINY.x_grid_points)
+    assert run.record.shape == want.shape and progress.chunks == 2 and progress.stopped == "done"
+    np.testing.assert_allclose(run.record, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+    assert diag.draws == TINY.nuts.draws and diag.chains == TINY.nuts.chains
+    assert diag.divergences == exp.summary["nuts_divergences"]
+    assert diag.mean_num_steps == pytest.approx(exp.summary["nuts_mean_num_steps"])
+    assert run.manifest["identity"]["caller"] == json.loads(json.dumps(reference.identity(TINY)))
+
+
+def _record(f: np.ndarray, num_steps: np.ndarray) -> resumable.RunRecord:
+    c, n = f.shape[:2]
+    manifest = {"identity": {"sampler": {"max_tree_depth": 3}}}
+    return resumable.RunRecord(manifest, f.astype(np.float32), np.ones((c, n)), num_steps,
+                               np.zeros((c, n), bool), np.zeros((c, n)))
+
+
+def test_diagnostics_on_draws_of_known_law():
+    """Independent N(0, 1) draws: R-hat near 1 and bulk ESS near the number of draws (its sampling sd is
+    small against the bounds); one chain shifted by 1 sd: R-hat far above 1.01, not converged."""
+    rng = np.random.default_rng(0)
+    f = rng.normal(size=(4, 500, 3))
+    steps = np.full((4, 500), 5)
+    steps[:, :100] = 7  # 2**3 - 1: a fifth of the draws at the depth limit
+    d = reference.diagnostics(_record(f, steps))
+    assert d.rhat_max < 1.01 and 1500 < d.ess_bulk_min < 2500 and d.converged
+    assert d.ess_bulk_per_draw == pytest.approx(d.ess_bulk_min / 2000)
+    assert d.tree_depth_hit_fraction == pytest.approx(0.2) and d.mean_num_steps == pytest.approx(5.4)
+    f[0] += 1.0
+    bad = reference.diagnostics(_record(f, steps))
+    assert bad.rhat_max > 1.1 and not bad.converged
+    assert not reference.diagnostics(_record(rng.normal(size=(4, 500, 3)), steps), target_ess=3000).converged
+    few = reference.diagnostics(_record(f[:, :3], steps[:, :3]))
+    assert np.isnan(few.rhat_max) and not few.converged
+
+
+def test_command_runs_resumes_and_refuses_other_settings(tmp_path, capsys):
+    out = str(tmp_path)
+    args = ["deep-relu-reference", "--out", out, *TINY_SETS, "--chunk-draws", "4", "--quiet"]
+    assert cli.main([*args, "--draws", "4"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert (first["warmup_done"], first["draws"], first["chains"]) == (4, 4, 2)
+    where = tmp_path / reference.DIRNAME
+    manifest = json.loads((where / resumable.MANIFEST).read_text())
+    assert {"git_commit", "device", "versions", "profile"} <= set(manifest["chunks"][0]["note"])
+    # A budget already spent: nothing more is run, the diagnostics so far are printed.
+    assert cli.main([*args, "--draws", "8", "--time-budget", "1e-9"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["draws"] == 4 and "time budget spent" in captured.err
+    # Other settings in the same directory: one line, status 2, nothing changed.
+    assert cli.main([*args, "--draws", "8", "--set", "noise_var=0.2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a run of other settings (caller.noise_var: 0.1 there, 0.2 here" in err[0]
+    assert json.loads((where / resumable.MANIFEST).read_text()) == manifest
