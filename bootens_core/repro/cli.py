@@ -10,6 +10,7 @@
     bootens bench --quick                             # particle throughput -> bootens-out/bench/bench.json
     bootens bench --case uci-cell --profile paper --datasets yacht protein   # real ensemble cells, timed
     bootens bench --case uci-dataset --datasets boston --models 1 4   # one L-BFGS iteration, split, vs roofline
+    bootens deep-relu-reference --profile paper --out results/paper/deep-relu --time-budget 3600   # resumable
 
 ``run`` writes ``OUT/<experiment>/{summary.json, arrays.npz, config.json, provenance.json}`` and prints the
 summary. Results are cached (see :mod:`bootens_core.repro.store`); ``--force`` recomputes. Without ``--out``, results go
@@ -23,6 +24,11 @@ one line per dataset and method of what remains with its estimated seconds (rule
 stored cell of the configuration) into one ``.tar.gz``; ``fold-cells`` merges such packs into the local cell
 store, refusing cells made with other settings or code (``--force`` takes them), and rewrites the record folder
 ``--into`` as ``--stored-only`` does.
+
+``deep-relu-reference`` runs the deep-ReLU chapter's NUTS reference in ``OUT/nuts-reference/`` chunk by
+chunk (``--chunk-draws`` transitions per chain), saving after each, until the predictive converges
+(``--target-rhat``, ``--target-ess``), ``--draws`` or ``--time-budget``; run again, the same command resumes
+from the last saved chunk (:mod:`bootens_core.repro.experiments.deep_relu.reference`).
 """
 
 from __future__ import annotations
@@ -338,6 +344,79 @@ def _cmd_fold(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_deep_relu_reference(args: argparse.Namespace) -> int:
+    """``deep-relu-reference``: the deep-ReLU chapter's NUTS reference, run or resumed in OUT/nuts-reference
+    chunk by chunk until it converges, ``--draws`` or ``--time-budget``; prints the diagnostics so far."""
+    import math
+
+    import jax
+
+    from . import config, store
+    from .experiments import deep_relu
+    from .experiments.deep_relu import reference
+
+    cfg = _configure(deep_relu, args)
+    if isinstance(cfg, int):
+        return cfg
+    budget = args.time_budget
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        print(f"bootens: --time-budget takes a positive number of seconds, got {budget:g}", file=sys.stderr)
+        return 2
+    if args.chunk_draws < 1 or (args.draws is not None and args.draws < 0):
+        print("bootens: --chunk-draws takes a positive number of draws, --draws a non-negative one",
+              file=sys.stderr)
+        return 2
+    problem = _writable_dir(args.out)
+    if problem:
+        print(f"bootens: {problem}", file=sys.stderr)
+        return 2
+    where = Path(args.out) / reference.DIRNAME
+    prov = store.provenance()
+    note = {"git_commit": prov["git_commit"], "device": prov["device"]["kind"],
+            "versions": {k: prov["versions"].get(k) for k in ("jax", "jaxlib", "numpyro")},
+            "profile": config.profile(args.profile)}
+    total = cfg.nuts.warmup + args.draws if args.draws is not None else None
+    bar = None
+    if not args.quiet:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="deep-ReLU NUTS reference", unit="transition/chain")
+
+    def show(p, diag) -> None:
+        if bar is None:
+            return
+        bar.n = p.warmup_done + p.draws_done
+        post = {"warm-up": f"{p.warmup_done}/{cfg.nuts.warmup}", "draws": p.draws_done,
+                "chunk s": f"{p.last_chunk_s:.0f}"}
+        if diag is not None:
+            post.update({"R-hat max": f"{diag.rhat_max:.3f}", "ESS min": f"{diag.ess_bulk_min:.0f}"})
+        bar.set_postfix(post, refresh=True)
+
+    try:
+        prog, diag = reference.run_reference(
+            jax.random.key(cfg.seed), cfg, where, chunk_draws=args.chunk_draws, n_draws=args.draws,
+            time_budget_s=None if budget is None else budget - (_clock() - args._start),
+            target_rhat=args.target_rhat, target_ess=args.target_ess, on_chunk=show, note=note,
+        )
+    except ValueError as exc:
+        print(f"bootens: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bootens: interrupted; {where} keeps every chunk saved before the interrupt: the same command "
+              "resumes from the last one", file=sys.stderr)
+        return 130
+    finally:
+        if bar is not None:
+            bar.close()
+    why = {"done": f"{args.draws} draws per chain kept",
+           "stopped": "converged" if diag.converged else "time budget spent"}[prog.stopped]
+    print(f"bootens: {where}: warm-up {prog.warmup_done}/{cfg.nuts.warmup}, {diag.draws} draws x "
+          f"{diag.chains} chains kept ({why}; {prog.session_s:.0f} s this call)", file=sys.stderr)
+    print(json.dumps({"warmup_done": prog.warmup_done, **diag._asdict(),
+                      "target_rhat": args.target_rhat, "target_ess": args.target_ess}, indent=2))
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
@@ -650,6 +729,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "configuration's")
     p_fold.add_argument("--quiet", action="store_true", help="no summary on stdout")
     p_fold.set_defaults(fn=_cmd_fold, workers=None)
+    p_ref = sub.add_parser("deep-relu-reference",
+                           help="the deep-ReLU NUTS reference, resumable: run or resume "
+                                "OUT/nuts-reference chunk by chunk until converged")
+    p_ref.add_argument("--profile", choices=["quick", "paper"], default=None,
+                       help="settings profile (default: $BOOTENS_PROFILE or quick)")
+    p_ref.add_argument("--out", default=f"{DEFAULT_OUT}/deep-relu",
+                       help="folder of the run directory nuts-reference/ "
+                            f"(default: ./{DEFAULT_OUT}/deep-relu)")
+    p_ref.add_argument("--chunk-draws", type=int, default=10,
+                       help="transitions per chunk and chain; the state is saved after each (default 10)")
+    p_ref.add_argument("--draws", type=int, default=None, help="stop once this many draws per chain are kept")
+    p_ref.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                       help="start no chunk that the last chunk's time says would end after SECONDS (counted "
+                            "from the command's start)")
+    p_ref.add_argument("--target-rhat", type=float, default=1.01,
+                       help="stop when the predictive's R-hat is below this at every grid point ... "
+                            "(default 1.01)")
+    p_ref.add_argument("--target-ess", type=float, default=400.0,
+                       help="... and its bulk ESS at least this (default 400)")
+    p_ref.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    p_ref.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override a config field, e.g. --set nuts.chains=4; repeatable")
+    p_ref.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_ref.set_defaults(fn=_cmd_deep_relu_reference, datasets=None, methods=None, workers=None)
     p_bench = sub.add_parser("bench", help="particle throughput vs k, loops and the roofline -> OUT/bench.json")
     p_bench.add_argument("--quick", action="store_true", help="the quick benchmark (under 2 minutes on 2 CPU cores)")
     p_bench.add_argument("--profile", choices=["quick", "paper"], default=None,
