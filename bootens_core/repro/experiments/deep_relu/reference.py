@@ -112,11 +112,14 @@ def problem(key: jax.Array, cfg: DeepReluConfig) -> Problem:
 
 def identity(cfg: DeepReluConfig) -> dict[str, Any]:
     """The settings that define the reference's target and chains (a run directory made with others is
-    refused): the seed, the data, the network, its prior, the grid and NUTS's settings."""
+    refused): the seed, the data, the network, its prior, the grid and NUTS's settings (not its ``draws``,
+    which the run replaces by its own stopping rules, nor its ``chain_method``: the sampler's identity holds
+    the method it resolves to, so "auto" and the method it means are the same run)."""
     d = as_dict(cfg)
     keys = ("seed", "n_data", "noise_var", "depth", "width", "bias_var", "weight_var", "x_grid_points",
             "x_grid_half_width")
-    return {"experiment": "deep-relu", **{k: d[k] for k in keys}, "nuts": d["nuts"]}
+    nuts = {k: v for k, v in d["nuts"].items() if k not in ("draws", "chain_method")}
+    return {"experiment": "deep-relu", **{k: d[k] for k in keys}, "nuts": nuts}
 
 
 def sampler(prob: Problem, cfg: DeepReluConfig) -> resumable.ResumableNUTS:

@@ -80,6 +80,9 @@ def test_command_runs_resumes_and_refuses_other_settings(tmp_path, capsys):
     where = tmp_path / reference.DIRNAME
     manifest = json.loads((where / resumable.MANIFEST).read_text())
     assert {"git_commit", "device", "versions", "profile"} <= set(manifest["chunks"][0]["note"])
+    # "auto" is sequential on a CPU: naming the method it resolves to resumes the same run.
+    assert cli.main([*args, "--draws", "4", "--set", "nuts.chain_method=sequential"]) == 0
+    assert json.loads(capsys.readouterr().out)["draws"] == 4
     # A budget already spent: nothing more is run, the diagnostics so far are printed.
     assert cli.main([*args, "--draws", "8", "--time-budget", "1e-9"]) == 0
     captured = capsys.readouterr()
