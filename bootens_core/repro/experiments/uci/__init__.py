@@ -9,7 +9,8 @@ from __future__ import annotations
 from . import figures, verdicts
 from .experiment import (
     NAME, DESCRIPTION, ARTEFACTS, Config, run, store_dir, compute_cell, compute_cells, cells, expand_methods, method,
-    paper_reference, LEVEL, MIN_SPLITS, METRICS, ENSEMBLE_IDS, BASELINE_IDS, PRACTICE_IDS, compare_with_paper, holm,
+    paper_reference, LEVEL, MIN_SPLITS, EQUIVALENCE_SDS, EQUIVALENCE_FLOOR, EQUIVALENCE_VERDICTS, METRICS,
+    ENSEMBLE_IDS, BASELINE_IDS, PRACTICE_IDS, compare_with_paper, holm, testable_pvalues,
     method_id, paired, paired_comparisons, ranking, comparative_claim, published_reference, summarise,
     restate, paper_scale_summary, result_cells, cells_csv, lbfgs_check, sghmc_step_study, deep_lr_check,
     from_cells,
@@ -21,8 +22,10 @@ from .experiment import (
 
 __all__ = [
     "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "run", "store_dir", "compute_cell", "compute_cells", "cells",
-    "expand_methods", "method", "paper_reference", "LEVEL", "MIN_SPLITS", "METRICS", "ENSEMBLE_IDS",
-    "BASELINE_IDS", "PRACTICE_IDS", "compare_with_paper", "holm", "method_id", "paired", "paired_comparisons",
+    "expand_methods", "method", "paper_reference", "LEVEL", "MIN_SPLITS", "EQUIVALENCE_SDS",
+    "EQUIVALENCE_FLOOR", "EQUIVALENCE_VERDICTS", "METRICS", "ENSEMBLE_IDS",
+    "BASELINE_IDS", "PRACTICE_IDS", "compare_with_paper", "holm", "testable_pvalues", "method_id", "paired",
+    "paired_comparisons",
     "ranking",
     "comparative_claim", "published_reference", "summarise", "restate", "paper_scale_summary",
     "result_cells", "cells_csv", "lbfgs_check", "sghmc_step_study", "deep_lr_check", "from_cells",

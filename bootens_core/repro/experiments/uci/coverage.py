@@ -56,8 +56,12 @@ __all__ = [
     "main",
     "plan",
     "plan_markdown",
+    "PRIOR_RECORDS",
+    "PriorRow",
+    "prior_rows",
     "read_packs",
     "read_record",
+    "tf32_counts",
 ]
 
 import argparse
@@ -165,7 +169,8 @@ class Evidence(NamedTuple):
     mean: float
     paper_mean: float
     p: float
-    verdict: str  # the verdict rule's word: worse, agrees, better, too few splits, failed, no paper number
+    verdict: str  # the verdict rule's word: worse, no significant difference, better, too few splits, failed,
+    # no paper number
     holds: bool
 
 
@@ -671,6 +676,61 @@ def plan_markdown(rows: Sequence[PlanRow]) -> str:
 
 # ------------------------------------------------------------------------------------------------------------
 # Command
+
+
+def tf32_counts(cols: Sequence[Column]) -> dict[tuple[str, str, int], int]:
+    """(dataset, method, hidden layers) -> how many splits of the column are held at the paper's setting only
+    with TF32 products (the marks of the tables: such cells are shown, but not counted)."""
+    return {(c.dataset, c.method, c.hidden_layers): len(c.tf32_splits) for c in cols if c.tf32_splits}
+
+
+# The records holding 4-layer ensemble cells at the paper's weight prior N(0, 1), with what each differs in
+# from the paper-scale setting: the paper's records (the zoom line search), the faithful fixed step (the paper's
+# literal optimiser), and the prior study on fewer particles.
+PRIOR_RECORDS: tuple[tuple[str, str], ...] = (
+    ("uci", "paper's setting (zoom line search)"),
+    ("uci-fixed-step", "paper's fixed step 0.5"),
+    ("uci-4layer-prior/normal-1", "paper's setting, 20 particles"),
+)
+
+
+class PriorRow(NamedTuple):
+    """The 4-layer ensemble at the paper's prior N(0, 1) on one dataset in one record."""
+
+    record: str  # what readers see (PRIOR_RECORDS)
+    dataset: str
+    rmse: tuple[float, ...]  # every split's test RMSE, in split order
+    float32: int  # how many of them were computed with float32 products (counted cells)
+    paper_rmse: float
+    paper_sd: float
+
+
+def prior_rows(results: str | Path, records: Sequence[tuple[str, str]] = PRIOR_RECORDS) -> list[PriorRow]:
+    """Every 4-layer ensemble cell at the paper's weight prior N(0, 1) in the ``records`` under ``results``
+    (those present), per record and dataset, with the paper's RMSE for that column; packs decide which cells
+    computed float32 products (:func:`counted`)."""
+    from .experiment import paper_reference
+
+    root = Path(results)
+    packs = read_packs(root / "packs")
+    ref = paper_reference()
+    out = []
+    for name, label in records:
+        if not (root / name).is_dir():
+            continue
+        rec = read_record(root, name)
+        if _field(rec.config, "network.scale_by_fan_in") is True:
+            raise CoverageError(f"record {name!r} uses the fan-in prior, not the paper's N(0, 1)")
+        by_ds: dict[str, list[Cell]] = {}
+        for c in rec.cells:
+            if (c.method, c.hidden_layers) == ("ensemble", 4):
+                by_ds.setdefault(c.dataset, []).append(c)
+        for ds, cells in by_ds.items():
+            cells.sort(key=lambda c: c.split)
+            mean, sd = ref[(ds, "ensemble", 4, "rmse")]
+            out.append(PriorRow(label, ds, tuple(c.test_rmse for c in cells),
+                                sum(counted(c, packs) for c in cells), mean, sd))
+    return out
 
 
 def load(results: str | Path) -> tuple[list[Record], dict[str, Record], list[Record], tuple[PackCell, ...]]:

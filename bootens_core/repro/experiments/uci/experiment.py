@@ -86,12 +86,16 @@ __all__ = [
     "paper_reference",
     "LEVEL",
     "MIN_SPLITS",
+    "EQUIVALENCE_SDS",
+    "EQUIVALENCE_FLOOR",
+    "EQUIVALENCE_VERDICTS",
     "METRICS",
     "ENSEMBLE_IDS",
     "BASELINE_IDS",
     "PRACTICE_IDS",
     "compare_with_paper",
     "holm",
+    "testable_pvalues",
     "method_id",
     "paired",
     "paired_comparisons",
@@ -148,8 +152,19 @@ PAPER_METHODS = (("ensemble", 1), ("ensemble", 4), ("mcd", 1), ("mcd", 4), ("sgh
 _PRINT_RESOLUTION = 0.005
 # Two-sided level of every test of the UCI chapter (per test; holm() gives the family-wise count).
 LEVEL = 0.05
-# Fewest splits of ours a comparison with the paper gives a verdict on (compare_with_paper).
+# Fewest splits of ours a comparison with the paper gives a verdict on (compare_with_paper); also the fewest
+# common splits of a paired comparison, of the comparative claim and of a method in a ranking.
 MIN_SPLITS = 3
+# The equivalence margin of a comparison with the paper, in units of the paper's SD over splits (floored at
+# EQUIVALENCE_FLOOR, one unit of its last printed digit), fixed before any verdict of this rule was read: the
+# paper prints each entry as mean +- that SD, so a difference within it is within the spread the paper itself
+# shows from one split to the next; and with 10 splits of ours against its 10, a 90% interval of the
+# difference is about 0.8 of that SD wide on each side, so a tighter margin could never be shown.
+EQUIVALENCE_SDS = 1.0
+EQUIVALENCE_FLOOR = 0.01
+# The verdicts of compare_with_paper's equivalence rule, in the order the chapter counts them.
+EQUIVALENCE_VERDICTS = ("equivalent", "differs (ours lower)", "differs (ours higher)", "inconclusive",
+                        "untestable", "failed", "too few splits")
 METRICS = {"rmse": "test_rmse", "mnll": "test_mnll", "coverage95": "coverage95"}
 # The paper's ensembles and the baselines of its comparative claim, as method ids.
 ENSEMBLE_IDS = ("ensemble-1", "ensemble-4")
@@ -931,12 +946,22 @@ def compare_with_paper(
     splits. The statistic is ``t = (ours - paper) / sqrt(SE^2 + SE_p^2 + 0.005^2 / 3)`` with the
     Welch-Satterthwaite degrees of freedom of the two split-level terms; ``p`` is two-sided.
 
-    ``verdict``: ``agrees`` when ``p >= level``, else ``better`` (our mean lower: RMSE and MNLL are errors)
-    or ``worse``; ``failed`` when a split's value is not finite; ``too few splits`` below
+    ``verdict`` (the test of a difference): ``no significant difference`` when ``p >= level`` -- a failure to
+    reject, not agreement -- else ``better`` (our mean lower: RMSE and MNLL are errors) or ``worse``;
+    ``failed`` when a split's value is not finite; ``too few splits`` below
     :data:`MIN_SPLITS` splits: with one there is no SD of ours, and with two the test has about one degree
     of freedom (two-sided 5% critical value 12.7), so it cannot tell apart a mean of 20.3 from the paper's
     3.17 (Boston, 4 layers, two GPU splits) and would call them alike. ``margin``: distance of ``p`` from
     ``level`` in normal-quantile units (``|z(p) - z(level)|``).
+
+    ``equivalence`` (the chapter's verdict, :data:`EQUIVALENCE_VERDICTS`): the margin ``delta`` is
+    :data:`EQUIVALENCE_SDS` times the paper's SD (at least :data:`EQUIVALENCE_FLOOR`), stated before any
+    verdict was read. ``ci95``: the 95% interval of ``diff`` (t with the Welch degrees of freedom);
+    ``equivalence_bound``: ``|diff| + t_0.95 SE_diff``, the smallest margin two one-sided tests at ``level``
+    would accept. *equivalent* when that bound is below ``delta`` (TOST at 5%); else *differs (ours lower /
+    higher)* when ``p < level``; else *inconclusive* (the interval is wider than the margin allows).
+    *untestable* where the paper prints a mean of 0.00 (Naval's RMSE): its rounding alone is larger than any
+    of the values compared. *failed* and *too few splits* as for ``verdict``.
     """
     from scipy import stats
 
@@ -947,15 +972,19 @@ def compare_with_paper(
     sd_p = max(float(paper_sd), _PRINT_RESOLUTION)
     se_p = sd_p / math.sqrt(paper_n)
     out["paper_se"] = se_p
+    out["equivalence_margin"] = EQUIVALENCE_SDS * max(float(paper_sd), EQUIVALENCE_FLOOR)
     nan = float("nan")
+    none = {"ci95": (nan, nan), "equivalence_bound": nan}
     if n == 0 or not np.all(np.isfinite(v)):
-        return {**out, "mean": float(np.mean(v)) if n else nan, "sd": nan, "se": nan, "diff": nan,
-                "se_diff": nan, "t": nan, "df": nan, "p": nan, "verdict": "failed", "margin": None}
+        return {**out, **none, "mean": float(np.mean(v)) if n else nan, "sd": nan, "se": nan, "diff": nan,
+                "se_diff": nan, "t": nan, "df": nan, "p": nan, "verdict": "failed", "equivalence": "failed",
+                "margin": None}
     mean = float(np.mean(v))
     if n < MIN_SPLITS:
         sd = float(np.std(v, ddof=1)) if n > 1 else nan
-        return {**out, "mean": mean, "sd": sd, "se": nan, "diff": mean - paper_mean, "se_diff": nan, "t": nan,
-                "df": nan, "p": nan, "verdict": "too few splits", "margin": None}
+        return {**out, **none, "mean": mean, "sd": sd, "se": nan, "diff": mean - paper_mean, "se_diff": nan,
+                "t": nan, "df": nan, "p": nan, "verdict": "too few splits", "equivalence": "too few splits",
+                "margin": None}
     sd = float(np.std(v, ddof=1))
     se = sd / math.sqrt(n)
     var = se**2 + se_p**2 + _PRINT_RESOLUTION**2 / 3.0
@@ -964,9 +993,28 @@ def compare_with_paper(
     diff = mean - float(paper_mean)
     t = diff / math.sqrt(var)
     p = float(2.0 * stats.t.sf(abs(t), df))
-    verdict = "agrees" if p >= level else ("better" if diff < 0 else "worse")
-    return {**out, "mean": mean, "sd": sd, "se": se, "diff": diff, "se_diff": math.sqrt(var), "t": t, "df": df,
-            "p": p, "verdict": verdict, "margin": _margin(p, level)}
+    verdict = "no significant difference" if p >= level else ("better" if diff < 0 else "worse")
+    se_diff = math.sqrt(var)
+    half95 = float(stats.t.ppf(1.0 - level / 2.0, df)) * se_diff
+    bound = abs(diff) + float(stats.t.ppf(1.0 - level, df)) * se_diff
+    if abs(float(paper_mean)) < _PRINT_RESOLUTION:
+        equivalence = "untestable"
+    elif bound < out["equivalence_margin"]:
+        equivalence = "equivalent"
+    elif p < level:
+        equivalence = "differs (ours lower)" if diff < 0 else "differs (ours higher)"
+    else:
+        equivalence = "inconclusive"
+    return {**out, "mean": mean, "sd": sd, "se": se, "diff": diff, "se_diff": se_diff, "t": t, "df": df,
+            "p": p, "verdict": verdict, "margin": _margin(p, level), "ci95": (diff - half95, diff + half95),
+            "equivalence_bound": bound, "equivalence": equivalence}
+
+
+def testable_pvalues(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The p-values of comparisons with the paper (:func:`compare_with_paper` rows) that enter a family-wise
+    count: NaN for an *untestable* row (the paper's printed 0.00), so :func:`holm` neither rejects nor counts
+    it."""
+    return [float("nan") if r.get("equivalence") == "untestable" else r["p"] for r in rows]
 
 
 def holm(pvalues: Sequence[float], level: float = LEVEL) -> list[bool]:
@@ -1071,31 +1119,37 @@ def paired_comparisons(
 def ranking(
     records: Sequence[Mapping[str, Any]], metrics: Sequence[str] = ("rmse", "mnll")
 ) -> list[dict[str, Any]]:
-    """Per dataset and metric with at least two methods, the methods ordered on the splits that all of them ran
-    with finite values:
-    ``mean`` over those splits and ``mean_rank`` (the average over those splits of the method's rank among
-    the methods, 1 = lowest error, ties sharing the average rank). Order: by mean rank, then by mean.
-    Rows: dataset, metric, position (1 = first), method, splits (how many common splits), mean, mean_rank."""
+    """Per dataset and metric, the methods ordered on the splits they share with finite values: ``mean`` over
+    those splits and ``mean_rank`` (the average over those splits of the method's rank among the methods,
+    1 = lowest error, ties sharing the average rank). Order: by mean rank, then by mean.
+
+    A method enters with at least :data:`MIN_SPLITS` finite splits; while the methods entered share fewer
+    than :data:`MIN_SPLITS` splits, the one with the fewest splits leaves (so a method run on one split does
+    not cut the others' ranking to that split). A dataset and metric is ranked when at least two methods are
+    left. Rows: dataset, metric, position (1 = first), method, splits (how many common splits), mean,
+    mean_rank, left_out (the method ids left out there, with their numbers of finite splits)."""
     from scipy import stats
 
     rows = []
     for metric in metrics:
         vals = _split_values(records, metric)
         for ds in dict.fromkeys(d for d, _ in vals):
-            ids = [m for (d, m) in vals if d == ds]
+            finite = {m: {s for s, x in vals[(ds, m)].items() if math.isfinite(x)}
+                      for (d, m) in vals if d == ds}
+            ids = [m for m in finite if len(finite[m]) >= MIN_SPLITS]
+            while len(ids) >= 2 and len(set.intersection(*(finite[m] for m in ids))) < MIN_SPLITS:
+                ids.remove(min(ids, key=lambda m: (len(finite[m]), m)))
             if len(ids) < 2:
                 continue
-            common = sorted(set.intersection(*(set(vals[(ds, m)]) for m in ids)))
-            common = [s for s in common if all(math.isfinite(vals[(ds, m)][s]) for m in ids)]
-            if not common:
-                continue
+            left_out = {m: len(finite[m]) for m in finite if m not in ids}
+            common = sorted(set.intersection(*(finite[m] for m in ids)))
             table = np.array([[vals[(ds, m)][s] for m in ids] for s in common])
             ranks = stats.rankdata(table, axis=1)
             order = sorted(range(len(ids)), key=lambda j: (ranks[:, j].mean(), table[:, j].mean()))
             for pos, j in enumerate(order, start=1):
                 rows.append({"dataset": ds, "metric": metric, "position": pos, "method": ids[j],
                              "splits": len(common), "mean": float(table[:, j].mean()),
-                             "mean_rank": float(ranks[:, j].mean())})
+                             "mean_rank": float(ranks[:, j].mean()), "left_out": left_out})
     return rows
 
 
@@ -1218,15 +1272,16 @@ def summarise(records: list[dict[str, Any]], cfg: UCIConfig, level: float = LEVE
                             "verdict": "not in the paper"})
             rows.append(row)
     compared = [r for r in rows if r["paper_mean"] is not None]
-    differ = holm([r["p"] for r in compared], level)
+    differ = holm(testable_pvalues(compared), level)
     return {
         "rows": rows,
         "cells_total": len(compared),
-        "cells_agree": sum(r["verdict"] == "agrees" for r in compared),
+        "cells_no_difference": sum(r["verdict"] == "no significant difference" for r in compared),
         "cells_better": sum(r["verdict"] == "better" for r in compared),
         "cells_worse": sum(r["verdict"] == "worse" for r in compared),
         "cells_failed": sum(r["verdict"] == "failed" for r in compared),
         "cells_too_few": sum(r["verdict"] == "too few splits" for r in compared),
+        "cells_equivalence": {v: sum(r["equivalence"] == v for r in compared) for v in EQUIVALENCE_VERDICTS},
         "cells_differ_holm": int(sum(differ)),
         "n_cells": len(records),
         "datasets": list(cfg.datasets),
@@ -1237,7 +1292,10 @@ def summarise(records: list[dict[str, Any]], cfg: UCIConfig, level: float = LEVE
         "level": level,
         "verdict_rule": (f"Welch-type t-test of our mean over splits against the paper's (SE = SD / sqrt(n) on "
                          f"both sides, the paper's SD at least 0.005 and its printed mean +-0.005), two-sided at "
-                         f"{level:g}: agrees, else better (lower) or worse"),
+                         f"{level:g}: no significant difference, else better (lower) or worse; equivalence: "
+                         f"TOST at {level:g} within {EQUIVALENCE_SDS:g} x the paper's SD (at least "
+                         f"{EQUIVALENCE_FLOOR:g}), else differs (p < {level:g}) or inconclusive; "
+                         "untestable where the paper prints 0.00"),
     }
 
 

@@ -18,7 +18,9 @@ from . import experiment
 from .config import UCIConfig
 
 __all__ = [
-    "PENDING", "TABLE1", "TABLES23", "table", "size", "evaluate", "coverage", "runs", "lbfgs_variants",
+    "PENDING", "TABLE1", "TABLES23", "table", "marks", "DEVIATION_MARKS", "ARTEFACT_MARKS", "size",
+    "evaluate",
+    "by_column", "by_family", "paper_prior", "coverage", "runs", "lbfgs_variants",
     "noise_selection", "sghmc_study", "SCALE_FIELDS", "paper_scale", "lbfgs_summary", "paired", "ranking",
     "claim", "published", "gaussian_mnll", "mnll_excess", "published_sources",
     "repeats", "calibration", "LEVELS", "deep_lr",
@@ -50,25 +52,80 @@ def _ours(r: Mapping[str, Any]) -> str:
     return f"{report.sig(r['mean'])} ± {report.sig(r['se'], 2)} (SD {report.sig(r['sd'], 2)}, {r['n_splits']})"
 
 
+def _difference(r: Mapping[str, Any]) -> str:
+    """Ours minus the paper's with its 95% interval and the equivalence margin, e.g.
+    ``-0.12 [-0.45, 0.21] (margin 0.97)``; ``—`` where no interval exists."""
+    lo, hi = r.get("ci95", (float("nan"), float("nan")))
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "—"
+    return (f"{report.sig(r['diff'], 2)} [{report.sig(lo, 2)}, {report.sig(hi, 2)}] "
+            f"(margin {report.sig(r['equivalence_margin'], 2)})")
+
+
+def marks(
+    summary: dict[str, Any],
+    metric: str,
+    cfg: UCIConfig | None = None,
+    tf32: Mapping[tuple[str, str, int], int] | None = None,
+) -> dict[tuple[str, str, int], str]:
+    """What every entry of one table (``metric``) was made with beyond the paper's setting: (dataset, method,
+    hidden layers) -> the marks, ``; ``-separated, of the named deviations (:data:`DEVIATION_MARKS`) and known
+    artefacts (:data:`ARTEFACT_MARKS`) that apply, the restarts SGHMC dropped as diverged (with ``cfg``, whose
+    ``sghmc.draws`` a restart keeps) and the splits made with TF32 products (``tf32``: column -> how many of
+    its splits, :func:`~bootens_core.repro.experiments.uci.coverage.tf32_counts`)."""
+    out: dict[tuple[str, str, int], str] = {}
+    for r in summary["rows"]:
+        if r["metric"] != metric:
+            continue
+        ds, meth, layers = r["dataset"], r["method"], int(r["hidden_layers"])
+        found = [text for (m, lay, d, met), text in (*DEVIATION_MARKS.items(), *ARTEFACT_MARKS.items())
+                 if m == meth and lay in (None, layers) and d in (None, ds) and met in (None, metric)]
+        if meth == "sghmc" and cfg is not None:
+            dropped = int(r["diverged_particles"]) // cfg.sghmc.draws
+            of = int(r["n_splits"]) * cfg.sghmc.restarts
+            found.append(f"{dropped} of {of} restarts dropped (diverged)")
+        n_tf32 = (tf32 or {}).get((ds, meth, layers), 0)
+        if n_tf32:
+            found.append(f"TF32 products on {n_tf32} of {int(r['n_splits'])} splits")
+        out[(ds, meth, layers)] = "; ".join(found)
+    return out
+
+
+# Named deviations of the paper-scale records (the chapter's table of deviations), as (method, hidden layers
+# or None for all, dataset or None, metric or None) -> the mark a table entry carries.
+DEVIATION_MARKS: dict[tuple[str, int | None, str | None, str | None], str] = {
+    ("ensemble", None, None, None): "zoom line search",
+    ("sghmc", None, None, None): "step √lr",
+    ("gp", None, "protein", None): "SGPR for SVGP",
+}
+# Known artefacts: a difference that comes from a library setting, not the method.
+ARTEFACT_MARKS: dict[tuple[str, int | None, str | None, str | None], str] = {
+    ("gp", None, "naval", "mnll"): "noise at GPflow's lower bound",
+}
+
+
 def table(
-    summary: dict[str, Any], metric: str, columns: tuple[tuple[str, int], ...] = TABLES23
+    summary: dict[str, Any], metric: str, columns: tuple[tuple[str, int], ...] = TABLES23,
+    marks: Mapping[tuple[str, str, int], str] | None = None,
 ) -> pd.DataFrame:
     """One of the paper's UCI tables for ``metric`` (``rmse``, ``mnll`` or ``coverage95``), ours beside theirs.
 
     One row per dataset (with its size n) and method column of the paper (``columns``, in that order), so that
-    the table stays three entries wide whatever the number of methods: ``ours`` (mean ± SE over the splits
+    the table stays a few entries wide whatever the number of methods: ``ours`` (mean ± SE over the splits
     run, with the SD over splits and their number: ``3.04 ± 0.21 (SD 0.67, 10)``; 3 significant digits),
     ``paper`` (the published mean ± its SE, with the published SD and the paper's number of splits: a
-    reference, nothing computed but the SE) and ``verdict`` (of
-    :func:`bootens_core.repro.experiments.uci.compare_with_paper`, with its two-sided p-value). A method whose issue
-    has not landed shows "pending"; one not run in this profile shows "not run".
+    reference, nothing computed but the SE), ``ours − paper`` (the difference, its 95% interval and the
+    equivalence margin), ``verdict`` (the equivalence rule of
+    :func:`bootens_core.repro.experiments.uci.compare_with_paper`, with the two-sided p-value of the
+    difference) and ``made with`` (``marks``, e.g. of :func:`marks`: deviations, artefacts, TF32 cells). A
+    method whose issue has not landed shows "pending"; one not run in this profile shows "not run".
     """
     rows = {(r["dataset"], r["method"], int(r["hidden_layers"])): r for r in summary["rows"] if r["metric"] == metric}
     from ....data.uci import PAPER_SPLITS
 
     ref = experiment.paper_reference()
     datasets = list(dict.fromkeys(summary["datasets"]))
-    index, ours, paper, verdict = [], [], [], []
+    index, ours, paper, diff, verdict, made = [], [], [], [], [], []
     for d in datasets:
         for meth, layers in columns:
             index.append((f"{d} (n={size(d)})", _LABELS[(meth, layers)]))
@@ -79,17 +136,20 @@ def table(
                 paper.append(f"{p[0]:.2f} ± {report.sig(max(p[1], 0.005) / np.sqrt(n_p), 2)} (SD {p[1]:.2f}, {n_p})")
             else:
                 paper.append("—")
+            made.append((marks or {}).get((d, meth, layers), ""))
             if r is not None:
                 ours.append(_ours(r))
-                v = r["verdict"]
+                diff.append(_difference(r) if r.get("paper_mean") is not None else "—")
+                v = r.get("equivalence", r["verdict"])
                 if np.isfinite(r.get("p", float("nan"))):
                     v += f" (p {r['p']:.3g})"
                 verdict.append(v + (f", {r['diverged_particles']} diverged" if r["diverged_particles"] else ""))
             else:
                 ours.append("pending" if meth in PENDING else "not run")
+                diff.append("")
                 verdict.append("")
     return pd.DataFrame(
-        {"ours": ours, "paper": paper, "verdict": verdict},
+        {"ours": ours, "paper": paper, "ours − paper [95% CI]": diff, "verdict": verdict, "made with": made},
         index=pd.MultiIndex.from_tuples(index, names=["dataset", "method"]),
     )
 
@@ -105,38 +165,123 @@ def size(dataset: str) -> int:
 
 
 def evaluate(summary: dict[str, Any]) -> dict[str, report.Text]:
-    """Counts of the comparison with the paper's Tables 2-3 (RMSE and MNLL cells; coverage is ours only).
+    """Counts of the comparison with the paper's Tables 2-3 (RMSE and MNLL entries the paper has; coverage is
+    ours only), by the equivalence rule of :func:`bootens_core.repro.experiments.uci.compare_with_paper`.
 
-    A cell *agrees* when the two-sided Welch-type t-test of our mean over splits against the paper's (SE from
-    the SD over splits on both sides; :func:`bootens_core.repro.experiments.uci.compare_with_paper`) gives
-    p >= 5%; else it is *better* (lower) or *worse*. With many cells some differ by chance at 5% each;
-    ``counts`` also gives how many differ at a family-wise 5% over the cells of the summary (Holm).
-    ``computed`` says only what no rounding can change (cells compared and failed); ``differ_holm`` names the
-    cells that differ at the family-wise level, with the side of the paper's mean they fall on ("none").
+    ``counts``: the entries that exist, how many of them are testable (neither failed, nor with too few
+    splits, nor untestable) and each verdict's count with its denominator; ``differ_holm`` names the entries
+    whose difference from the paper is significant at a family-wise 5% (Holm over the testable ones), with the
+    side of the paper's mean they fall on ("none"); ``computed`` says only what no rounding can change
+    (entries compared and failed); ``equivalent``: "E of T testable".
     """
     rows = [r for r in summary["rows"] if r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
-    names = ("agrees", "better", "worse", "failed", "too few splits")
-    count = {v: sum(r["verdict"] == v for r in rows) for v in names}
+    count = {v: sum(r["equivalence"] == v for r in rows) for v in experiment.EQUIVALENCE_VERDICTS}
     n = len(rows)
+    testable = n - count["failed"] - count["too few splits"] - count["untestable"]
     div = summary.get("diverged_particles_total", 0)
-    holm = summary.get("cells_differ_holm", 0)
     level = summary.get("level", 0.05)
-    few = f", {count['too few splits']} with too few splits" if count["too few splits"] else ""
-
-    differ = [r for r, d in zip(rows, experiment.holm([r["p"] for r in rows], level)) if d]
+    differ = [r for r, d in zip(rows, experiment.holm(experiment.testable_pvalues(rows), level)) if d]
     named = ", ".join(
         f"{_LABELS[(r['method'], int(r['hidden_layers']))]} {r['dataset'].capitalize()} {r['metric'].upper()} "
         f"({'below' if r['mean'] < r['paper_mean'] else 'above'} the paper's)" for r in differ)
+    rest = [f"{count[v]} {v}" for v in ("untestable", "failed", "too few splits") if count[v]]
     return {
         "differ_holm": report.Text(named or "none"),
-        "computed": report.Text(f"{n} RMSE/MNLL cells compared with the paper, {count['failed']} failed"),
-        "agree": report.Text(f"{count['agrees']} of {n}"),
+        "computed": report.Text(f"{n} RMSE/MNLL entries compared with the paper, {count['failed']} failed"),
+        "equivalent": report.Text(f"{count['equivalent']} of {testable} testable"),
         "counts": report.Text(
-            f"{count['agrees']} of {n} RMSE/MNLL cells agree with the paper's mean (two-sided test at "
-            f"{level:.0%}), {count['better']} better, {count['worse']} worse, {count['failed']} failed{few}; "
-            f"{holm} differ at a family-wise {level:.0%} (Holm); {div} diverged particles"
+            f"of {n} RMSE/MNLL entries, {testable} testable: {count['equivalent']} equivalent to the paper's "
+            f"within its SD (two one-sided tests at {level:.0%}), "
+            f"{count['differs (ours lower)']} differ with ours lower, {count['differs (ours higher)']} differ "
+            f"with ours higher, {count['inconclusive']} inconclusive"
+            + (f"; not testable: {', '.join(rest)}" if rest else "")
+            + f"; at a family-wise {level:.0%} (Holm) {len(differ)} differ; {div} diverged particles"
         ),
     }
+
+
+def by_column(summary: dict[str, Any], columns: tuple[tuple[str, int], ...] = TABLES23) -> pd.DataFrame:
+    """The verdicts per method column of Tables 2-3 (ensembles first, then the baselines): how many datasets
+    the summary holds a column's cells for, and how many of its RMSE and MNLL entries have each verdict of
+    the equivalence rule (:data:`~bootens_core.repro.experiments.uci.EQUIVALENCE_VERDICTS`), with the
+    testable ones counted apart."""
+    out = []
+    for meth, layers in columns:
+        rows = [r for r in summary["rows"] if (r["method"], int(r["hidden_layers"])) == (meth, layers)
+                and r["metric"] in ("rmse", "mnll") and r["paper_mean"] is not None]
+        count = {v: sum(r["equivalence"] == v for r in rows) for v in experiment.EQUIVALENCE_VERDICTS}
+        untested = count["failed"] + count["too few splits"] + count["untestable"]
+        out.append({"family": "bootstrap ensemble" if meth == "ensemble" else "baseline",
+                    "method": _LABELS[(meth, layers)],
+                    "datasets": len({r["dataset"] for r in rows}), "entries": len(rows),
+                    "testable": len(rows) - untested, **count})
+    return pd.DataFrame(out).set_index(["family", "method"])
+
+
+def by_family(summary: dict[str, Any], columns: tuple[tuple[str, int], ...] = TABLES23) -> report.Text:
+    """:func:`by_column`'s counts summed per family, in one line: for the bootstrap ensembles and for the
+    baselines, how many testable RMSE/MNLL entries are equivalent to the paper's, differ either way, or are
+    inconclusive (e.g. for the book's introduction)."""
+    table = by_column(summary, columns)
+    parts = []
+    for family, name in (("bootstrap ensemble", "bootstrap ensembles"), ("baseline", "baselines")):
+        if family not in table.index.get_level_values(0):
+            continue
+        s = table.loc[family].sum()
+        parts.append(f"{name}: {s['equivalent']} of {s['testable']} testable entries equivalent, "
+                     f"{s['differs (ours lower)']} lower, {s['differs (ours higher)']} higher, "
+                     f"{s['inconclusive']} inconclusive")
+    return report.Text("; ".join(parts) or "no entry")
+
+
+def _big(x: float) -> str:
+    """3 significant digits, in exponent form from 10^5 on (a diverged particle's RMSE can be 10^21)."""
+    return f"{x:.3g}" if abs(x) >= 1e5 else report.sig(x)
+
+
+def paper_prior(rows: Sequence[Any], level: float = 0.05) -> tuple[report.Verdict, pd.DataFrame]:
+    """The 4-layer ensemble at the paper's weight prior N(0, 1), judged: each dataset and record
+    (:func:`~bootens_core.repro.experiments.uci.coverage.prior_rows`) by the equivalence rule of
+    :func:`~bootens_core.repro.experiments.uci.compare_with_paper` on RMSE, and a verdict over them.
+
+    *NOT reproduced* when at least one dataset's RMSE differs from the paper's with ours higher and none is
+    equivalent or lower; *reproduced* when every testable one is equivalent; otherwise *inconclusive* (or
+    *too few splits* when no row has :data:`~bootens_core.repro.experiments.uci.MIN_SPLITS`). The table
+    says how many splits of each row computed float32 products (the rest TF32, lower precision than the
+    paper's: they count neither towards a column nor as evidence for the deviation, but a failure tens of
+    times the paper's RMSE is not a rounding effect)."""
+    from ....data.uci import PAPER_SPLITS
+
+    table, verdicts = [], []
+    for r in rows:
+        c = experiment.compare_with_paper(list(r.rmse), r.paper_rmse, r.paper_sd, PAPER_SPLITS[r.dataset],
+                                          level)
+        verdicts.append(c["equivalence"])
+        table.append({"dataset": r.dataset, "record": r.record, "splits": len(r.rmse),
+                      "float32 splits": r.float32,
+                      "RMSE, ours: median (range)": f"{_big(float(np.median(r.rmse)))} ({_big(min(r.rmse))}–"
+                                                    f"{_big(max(r.rmse))})",
+                      "RMSE, paper": f"{r.paper_rmse:.2f} (SD {r.paper_sd:.2f})",
+                      "median / paper": f"{_big(float(np.median(r.rmse)) / r.paper_rmse)}×",
+                      "verdict": c["equivalence"] + (f" (p {c['p']:.2g})" if np.isfinite(c["p"]) else "")})
+    tested = [v for v in verdicts if v not in ("too few splits", "failed", "untestable")]
+    higher = sum(v == "differs (ours higher)" for v in tested)
+    if not tested:
+        word = "too few splits"
+    elif higher and not any(v in ("equivalent", "differs (ours lower)") for v in tested):
+        word = "NOT reproduced: fails (RMSE far above the paper's)"
+    elif all(v == "equivalent" for v in tested):
+        word = "reproduced"
+    else:
+        word = "inconclusive"
+    datasets = sorted({r.dataset for r in rows})
+    evidence = (f"{higher} of {len(tested)} testable dataset × record rows differ with ours higher, on "
+                f"{', '.join(datasets) or 'no dataset'}; {sum(len(r.rmse) for r in rows)} splits in all, "
+                f"{sum(r.float32 for r in rows)} with float32 products")
+    frame = pd.DataFrame(table, columns=["dataset", "record", "splits", "float32 splits",
+                                         "RMSE, ours: median (range)", "RMSE, paper", "median / paper",
+                                         "verdict"])
+    return report.Verdict(word, evidence), frame.set_index(["dataset", "record"])
 
 
 def coverage(summary: dict[str, Any]) -> pd.DataFrame:
@@ -386,15 +531,20 @@ def repeats(
 
 def ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Per dataset and metric, the methods from best to worst (:func:`bootens_core.repro.experiments.uci.ranking`):
-    on the splits all of them ran, each method's mean and its mean rank over those splits (1 = lowest error)."""
+    on the splits the ranked methods share, each method's mean and its mean rank over those splits (1 = lowest
+    error); the methods left out for too few splits, with their numbers of splits."""
 
     table: dict[tuple[str, str], dict[str, Any]] = {}
     for r in experiment.ranking(records):
-        row = table.setdefault((r["dataset"], r["metric"].upper()), {"splits": r["splits"], "order": []})
+        row = table.setdefault((r["dataset"], r["metric"].upper()),
+                               {"splits": r["splits"], "order": [], "left_out": r["left_out"]})
         row["order"].append(f"{_label(r['method'])} {report.sig(r['mean'])} (rank {r['mean_rank']:.1f})")
     index = pd.MultiIndex.from_tuples(list(table), names=["dataset", "metric"])
+    left = [", ".join(f"{_label(m)} ({n} split{'s' * (n != 1)})" for m, n in v["left_out"].items()) or "—"
+            for v in table.values()]
     return pd.DataFrame({"common splits": [v["splits"] for v in table.values()],
-                         "best to worst: mean (mean rank)": [" · ".join(v["order"]) for v in table.values()]},
+                         "best to worst: mean (mean rank)": [" · ".join(v["order"]) for v in table.values()],
+                         "left out (too few splits)": left},
                         index=index)
 
 

@@ -144,8 +144,8 @@ def test_a_deviation_whose_paper_setting_agrees_does_not_count(tmp_path):
     few = _write(tmp_path, "few", _paper_cfg(n_particles=20), _rows("yacht", "ensemble", 4, [3], rmse=1.0))
     cols = cv.columns([paper], {"uci-fanin": fanin}, [paper, few, fanin], (), reference=REF, n_splits=SPLITS)
     y = next(c for c in cols if (c.dataset, c.method, c.hidden_layers) == ("yacht", "ensemble", 4))
-    assert y.evidence.n_splits == 4 and y.evidence.verdict == "agrees"  # fan-in cells are not evidence
-    assert not y.complete_with_deviations and "not worse (agrees)" in y.why
+    assert y.evidence.n_splits == 4 and y.evidence.verdict == "no significant difference"  # fan-in cells: not evidence
+    assert not y.complete_with_deviations and "not worse (no significant difference)" in y.why
 
 
 def test_records_that_break_the_rules_are_refused(tmp_path):
@@ -275,3 +275,13 @@ def test_readme_plan_is_the_commands_output():
 def test_command_refuses_a_missing_record(tmp_path, capsys):
     assert cv.main(["--results", str(tmp_path)]) == 2
     assert "config.json not found" in capsys.readouterr().err
+
+
+def test_prior_rows_read_the_papers_prior_and_refuse_the_fan_in(tmp_path):
+    _write(tmp_path, "uci", _paper_cfg(), _rows("yacht", "ensemble", 4, [0, 1, 2], rmse=21.0)
+           + _rows("yacht", "ensemble", 1, [0], rmse=1.0))
+    rows = cv.prior_rows(tmp_path, (("uci", "paper's setting"),))
+    assert [(r.record, r.dataset, r.rmse, r.float32) for r in rows] == [("paper's setting", "yacht", (21.0,) * 3, 3)]
+    _write(tmp_path, "fan", _paper_cfg(network__scale_by_fan_in=True), _rows("yacht", "ensemble", 4, [0]))
+    with pytest.raises(cv.CoverageError, match="'fan' uses the fan-in prior"):
+        cv.prior_rows(tmp_path, (("fan", "x"),))

@@ -71,12 +71,12 @@ def test_paper_reference_is_the_shared_copy():
 @pytest.mark.parametrize(
     ("values", "paper_mean", "paper_std", "expected"),
     [
-        ([3.5, 3.4, 3.6, 3.3], 3.17, 0.65, "agrees"),  # 0.28 above, SE of the difference 0.23
+        ([3.5, 3.4, 3.6, 3.3], 3.17, 0.65, "no significant difference"),  # 0.28 above, SE of the difference 0.23
         ([2.0, 2.1, 1.9, 2.05], 3.17, 0.65, "better"),  # 1.16 below: 5.6 SE
         ([4.5, 4.4, 4.6, 4.5], 3.17, 0.65, "worse"),
         ([-3.0, -3.1, -2.9], -1.0, 0.5, "better"),  # MNLL can be negative; lower is better
         ([0.23, 0.21, 0.25, 0.22, 0.24], 3.82, 4.44, "better"),  # inside the paper's ±1 std, yet 2.6 SE away
-        ([0.002, 0.003, 0.001], 0.0, 0.0, "agrees"),  # Naval: 0.00 ± 0.00 printed
+        ([0.002, 0.003, 0.001], 0.0, 0.0, "no significant difference"),  # Naval: 0.00 ± 0.00 printed
         ([0.02, 0.021, 0.019], 0.0, 0.0, "worse"),
         ([1.0, math.nan], 1.0, 0.1, "failed"),
         ([1.0, math.inf], 1.0, 0.1, "failed"),
@@ -144,11 +144,11 @@ def test_summarise_hand_made_records():
                                "mean": row["mean"]}
     verdicts = {k: r["verdict"] for k, r in rows.items() if r["paper_mean"] is not None}
     assert verdicts == {
-        ("boston", "ensemble", 1, "rmse"): "agrees", ("boston", "ensemble", 1, "mnll"): "agrees",
+        ("boston", "ensemble", 1, "rmse"): "no significant difference", ("boston", "ensemble", 1, "mnll"): "no significant difference",
         ("yacht", "gp", 0, "rmse"): "worse", ("yacht", "gp", 0, "mnll"): "better",
-        ("wine", "ensemble", 4, "rmse"): "failed", ("wine", "ensemble", 4, "mnll"): "agrees",
+        ("wine", "ensemble", 4, "rmse"): "failed", ("wine", "ensemble", 4, "mnll"): "no significant difference",
     }
-    assert (s["cells_total"], s["cells_agree"], s["cells_better"], s["cells_worse"], s["cells_failed"]) == (
+    assert (s["cells_total"], s["cells_no_difference"], s["cells_better"], s["cells_worse"], s["cells_failed"]) == (
         6, 3, 1, 1, 1)
     assert s["cells_too_few"] == 0 and s["level"] == 0.05
     ps = [r["p"] for r in rows.values() if r["paper_mean"] is not None]
@@ -272,7 +272,7 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
     assert cli.main([*ARGV, "--out", str(out)]) == 0
 
     summary = json.loads((out / "uci" / "summary.json").read_text())
-    for k in ("rows", "cells_total", "cells_agree", "cells_better", "cells_worse", "cells_too_few"):
+    for k in ("rows", "cells_total", "cells_no_difference", "cells_better", "cells_worse", "cells_too_few"):
         assert k in summary
     rows = summary["rows"]
     assert {r["metric"] for r in rows} == {"rmse", "mnll", "coverage95"}
@@ -281,7 +281,7 @@ def test_cli_run_uci_end_to_end_and_resume(tmp_path, monkeypatch):
         assert (r["dataset"], r["method"], r["hidden_layers"], r["n_splits"]) == ("yacht", "ensemble", 1, 1)
         assert r["std"] == 0.0  # one split
     assert summary["cells_total"] == 2  # rmse and mnll are in the paper; coverage is not
-    assert (summary["cells_agree"] + summary["cells_better"] + summary["cells_worse"]
+    assert (summary["cells_no_difference"] + summary["cells_better"] + summary["cells_worse"]
             + summary["cells_failed"] + summary["cells_too_few"]) == 2
 
     cells = list(csv.DictReader(io.StringIO((out / "uci" / "cells.csv").read_text())))

@@ -49,9 +49,58 @@ def test_compare_with_paper_is_the_welch_test_written_out(values, pm, psd, pn):
     assert got["p"] == pytest.approx(p, rel=1e-10)
     assert got["se"] == pytest.approx(np.std(values, ddof=1) / math.sqrt(len(values)), rel=1e-12)
     assert got["paper_se"] == pytest.approx(max(psd, 0.005) / math.sqrt(pn), rel=1e-12)
-    expected = "agrees" if p >= 0.05 else ("better" if np.mean(values) < pm else "worse")
+    expected = "no significant difference" if p >= 0.05 else ("better" if np.mean(values) < pm else "worse")
     assert got["verdict"] == expected
     assert got["margin"] == pytest.approx(abs(stats.norm.isf(p / 2) - stats.norm.isf(0.025)), rel=1e-9)
+
+
+def _tost_by_hand(values, pm, psd, pn, level=0.05):
+    """Two one-sided tests at ``level`` written out: each one-sided p below ``level``."""
+    t, df, _ = _welch_by_hand(values, pm, psd, pn)
+    v = np.asarray(values, float)
+    diff = v.mean() - pm
+    sed = diff / t if t else math.sqrt((v.std(ddof=1) / math.sqrt(v.size))**2 + (max(psd, 0.005) / math.sqrt(pn))**2
+                                       + 0.005**2 / 3)
+    delta = max(psd, 0.01)
+    p_low = stats.t.sf((diff + delta) / sed, df)  # H0: diff <= -delta
+    p_high = stats.t.cdf((diff - delta) / sed, df)  # H0: diff >= +delta
+    return max(p_low, p_high) < level, diff, sed, df
+
+
+@pytest.mark.parametrize(
+    ("values", "pm", "psd", "pn", "expected"),
+    [
+        # within a tenth of the paper's SD, ten splits of small spread: equivalent (and p large)
+        ([3.1, 3.2, 3.15, 3.25, 3.18, 3.12, 3.22, 3.16, 3.2, 3.19], 3.17, 0.65, 10, "equivalent"),
+        # a non-rejection that is not equivalence: p far above 5%, but three noisy splits leave the interval
+        # wider than the margin
+        ([2.2, 4.4, 3.0], 3.17, 0.65, 10, "inconclusive"),
+        # significantly different yet well inside the margin: equivalence wins (the difference is negligible)
+        ([3.40, 3.41, 3.39, 3.40, 3.42, 3.38, 3.40, 3.41, 3.39, 3.40], 3.17, 1.5, 10, "equivalent"),
+        # significantly lower, beyond the margin
+        ([2.0, 2.1, 1.9, 2.05], 3.17, 0.65, 10, "differs (ours lower)"),
+        ([4.5, 4.4, 4.6, 4.5], 3.17, 0.65, 10, "differs (ours higher)"),
+        # the paper prints 0.00: untestable whatever ours is
+        ([0.0011, 0.0013, 0.0012, 0.0010], 0.00, 0.00, 10, "untestable"),
+        ([0.02, 0.021, 0.019], 0.0, 0.0, 10, "untestable"),
+        ([1.0, float("nan"), 1.1], 1.0, 0.1, 10, "failed"),
+        ([1.0, 1.1], 1.0, 0.1, 10, "too few splits"),
+    ],
+)
+def test_equivalence_verdict_is_tost_within_the_papers_sd(values, pm, psd, pn, expected):
+    got = uci.compare_with_paper(values, pm, psd, pn)
+    assert got["equivalence"] == expected
+    if expected in ("failed", "too few splits", "untestable"):
+        return
+    equivalent, diff, sed, df = _tost_by_hand(values, pm, psd, pn)
+    assert equivalent == (expected == "equivalent")
+    assert got["equivalence_margin"] == max(psd, 0.01)
+    half = stats.t.ppf(0.975, df) * sed
+    assert got["ci95"] == pytest.approx((diff - half, diff + half), rel=1e-9)
+    # the bound is the smallest margin TOST would accept: equivalent exactly when it is below the margin
+    assert (got["equivalence_bound"] < got["equivalence_margin"]) == equivalent
+    if expected == "inconclusive":
+        assert got["p"] >= 0.05 and got["verdict"] == "no significant difference"
 
 
 def test_compare_with_paper_approaches_scipys_welch_when_rounding_is_negligible():
@@ -69,7 +118,7 @@ def test_compare_with_paper_decides_the_cases_the_old_band_got_wrong():
     yacht = uci.compare_with_paper([0.23, 0.20, 0.26, 0.22, 0.25, 0.21, 0.24, 0.23, 0.22, 0.24], 3.82, 4.44, 10)
     assert yacht["verdict"] == "better"
     same = uci.compare_with_paper([3.17, 3.18, 3.16], 3.17, 0.65, 10)
-    assert same["verdict"] == "agrees" and same["p"] > 0.9
+    assert same["verdict"] == "no significant difference" and same["p"] > 0.9
 
 
 @pytest.mark.parametrize(
@@ -213,13 +262,36 @@ def test_pack_cells_reads_and_filters_packs(tmp_path):
 
 
 def test_ranking_on_common_splits():
-    recs = _cells({("yacht", "ensemble-1"): [1.0, 3.0, 2.0], ("yacht", "gp"): [2.0, 1.0, None],
-                   ("yacht", "mcd-1"): [3.0, 2.0, 1.0], ("boston", "gp"): [1.0, 1.0]})
+    recs = _cells({("yacht", "ensemble-1"): [1.0, 3.0, 2.0, 2.0], ("yacht", "gp"): [2.0, 1.0, 0.5, None],
+                   ("yacht", "mcd-1"): [3.3, 2.0, 1.0, 1.0], ("boston", "gp"): [1.0, 1.0, 1.0]})
     rows = [r for r in uci.ranking(recs) if r["metric"] == "rmse"]
     assert {r["dataset"] for r in rows} == {"yacht"}  # boston has one method: nothing to rank
-    # common splits 0 and 1: ranks per split (ens, gp, mcd) = (1, 2, 3) and (3, 1, 2)
+    # common finite splits 0-2; ranks per split (ens, gp, mcd): (1, 2, 3), (3, 1, 2), (3, 1, 2); the tie of
+    # ens and mcd in mean rank (7/3) is broken by the mean (2.0 < 2.1)
     got = {r["method"]: (r["position"], r["mean_rank"], r["mean"], r["splits"]) for r in rows}
-    assert got == {"ensemble-1": (2, 2.0, 2.0, 2), "gp": (1, 1.5, 1.5, 2), "mcd-1": (3, 2.5, 2.5, 2)}
+    want = {"gp": (1, 4 / 3, 3.5 / 3, 3), "ensemble-1": (2, 7 / 3, 2.0, 3), "mcd-1": (3, 7 / 3, 6.3 / 3, 3)}
+    assert got.keys() == want.keys() and all(got[m] == pytest.approx(want[m]) for m in want)
+    assert all(r["left_out"] == {} for r in rows)
+
+
+def test_ranking_leaves_out_a_method_with_too_few_splits():
+    # A method run on one split (a failed 4-layer ensemble) must not cut the others' ranking to that split.
+    recs = _cells({("yacht", "ensemble-1"): [1.0, 3.0, 2.0, 2.5], ("yacht", "gp"): [2.0, 1.0, 1.5, 1.0],
+                   ("yacht", "ensemble-4"): [20.0]})
+    rows = [r for r in uci.ranking(recs) if r["metric"] == "rmse"]
+    assert {r["method"] for r in rows} == {"ensemble-1", "gp"}
+    assert all(r["splits"] == 4 and r["left_out"] == {"ensemble-4": 1} for r in rows)
+    # on the four splits: ranks (ens, gp) = (1, 2), (2, 1), (2, 1), (2, 1)
+    got = {r["method"]: (r["position"], r["mean_rank"]) for r in rows}
+    assert got == {"gp": (1, 1.25), "ensemble-1": (2, 1.75)}
+    table = uci.verdicts.ranking(recs)
+    assert table.loc[("yacht", "RMSE"), "common splits"] == 4
+    assert table.loc[("yacht", "RMSE"), "left out (too few splits)"] == "Ensemble 4-layer (1 split)"
+    # Three splits each but only two in common: the method with fewer splits leaves, the rest keep theirs.
+    recs = _cells({("yacht", "ensemble-1"): [1.0, 3.0, 2.0, 2.5], ("yacht", "gp"): [2.0, 1.0, 1.5, 1.0],
+                   ("yacht", "mcd-1"): [None, None, 1.0, 2.0, 3.0]})
+    rows = [r for r in uci.ranking(recs) if r["metric"] == "rmse"]
+    assert {r["method"] for r in rows} == {"ensemble-1", "gp"} and rows[0]["left_out"] == {"mcd-1": 3}
 
 
 # --------------------------------------------------------------------------------------------------------------

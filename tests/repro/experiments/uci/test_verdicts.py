@@ -39,7 +39,7 @@ def test_uci_table_layout_and_entries(summary):
     s, p_rmse, p_std = summary
     t = uci.verdicts.table(s, "rmse", uci.verdicts.TABLE1)
     # one row per dataset and method column, three entries wide
-    assert list(t.columns) == ["ours", "paper", "verdict"]
+    assert list(t.columns) == ["ours", "paper", "ours − paper [95% CI]", "verdict", "made with"]
     assert list(t.index.get_level_values(0).unique()) == ["boston (n=506)", "yacht (n=308)"]
     assert list(t.loc["boston (n=506)"].index) == ["Ensemble 1-layer", "Ensemble 4-layer", "MCD 4-layer",
                                                    "SGHMC 1-layer"]
@@ -47,7 +47,18 @@ def test_uci_table_layout_and_entries(summary):
     assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "ours"] == f"{p_rmse:.3g} ± 0 (SD 0, 3)"
     se = p_std / np.sqrt(10)
     assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "paper"] == f"{p_rmse:.2f} ± {se:.2g} (SD {p_std:.2f}, 10)"
-    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"] == "agrees (p 1), 3 diverged"
+    # ours equals the paper's mean with no spread: the difference's SE is the paper's (plus its rounding), with
+    # the Welch degrees of freedom of the paper's term alone (written out); TOST bound t_0.95 SE < its SD
+    from scipy import stats
+
+    var = se**2 + 0.005**2 / 3
+    df = var**2 / (se**4 / 9)
+    half = stats.t.ppf(0.975, df) * np.sqrt(var)
+    assert stats.t.ppf(0.95, df) * np.sqrt(var) < p_std  # the rule's condition for "equivalent", by hand
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "ours − paper [95% CI]"] == (
+        f"0 [-{half:.2f}, {half:.2f}] (margin {p_std:.2f})")
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"] == "equivalent (p 1), 3 diverged"
+    assert t.loc[("boston (n=506)", "Ensemble 1-layer"), "made with"] == ""
     assert t.loc[("boston (n=506)", "Ensemble 4-layer"), "ours"] == "not run"
     assert t.loc[("yacht (n=308)", "MCD 4-layer"), "ours"] == "not run"
     assert t.loc[("yacht (n=308)", "SGHMC 1-layer"), "ours"] == "not run"
@@ -55,7 +66,7 @@ def test_uci_table_layout_and_entries(summary):
     assert len(full) == 2 * 6
     assert full.loc[("yacht (n=308)", "GP"), "ours"].startswith("diverged")
     assert full.loc[("yacht (n=308)", "GP"), "verdict"] == "failed"
-    assert full.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"].startswith("worse (p ")
+    assert full.loc[("boston (n=506)", "Ensemble 1-layer"), "verdict"].startswith("differs (ours higher) (p ")
     assert uci.verdicts.table(s, "rmse").loc[("yacht (n=308)", "GP"), "verdict"] == "too few splits"
     assert uci.verdicts.table(s, "rmse").loc[("yacht (n=308)", "GP"), "ours"] == "0.00100 (1)"
 
@@ -70,19 +81,28 @@ def test_uci_table_prints_significant_digits():
     assert t.loc[row, "ours"] == "0.00124 ± 0.000035 (SD 0.000061, 3)"
     # the paper's 0.00 ± 0.00 is taken as SD 0.005 (half its last digit): SE 0.005 / sqrt(10)
     assert t.loc[row, "paper"] == "0.00 ± 0.0016 (SD 0.00, 10)"
-    assert t.loc[row, "verdict"].startswith("agrees")
+    # a printed 0.00 is coarser than every value compared: no verdict either way
+    assert t.loc[row, "verdict"].startswith("untestable (p ")
 
 
 def test_uci_verdict_counts(summary):
     s, *_ = summary
     v = uci.verdicts.evaluate(s)
-    # boston ens-1: rmse agrees, mnll worse; yacht gp: rmse too few splits, mnll failed; coverage not counted
-    assert str(v["agree"]) == "1 of 4"
-    assert str(v["counts"]) == ("1 of 4 RMSE/MNLL cells agree with the paper's mean (two-sided test at 5%), "
-                                "0 better, 1 worse, 1 failed, 1 with too few splits; 1 differ at a family-wise "
-                                "5% (Holm); 3 diverged particles")
+    # boston ens-1: rmse equivalent, mnll higher; yacht gp: rmse too few splits, mnll failed; coverage not counted
+    assert str(v["equivalent"]) == "1 of 2 testable"
+    assert str(v["counts"]) == ("of 4 RMSE/MNLL entries, 2 testable: 1 equivalent to the paper's within its SD "
+                                "(two one-sided tests at 5%), 0 differ with ours lower, 1 differ with ours higher, "
+                                "0 inconclusive; not testable: 1 failed, 1 too few splits; at a family-wise 5% "
+                                "(Holm) 1 differ; 3 diverged particles")
+    table = uci.verdicts.by_column(s, (("ensemble", 1), ("gp", 0)))
+    assert table.loc[("bootstrap ensemble", "Ensemble 1-layer"), ["entries", "testable", "equivalent",
+                                                                 "differs (ours higher)"]].tolist() == [2, 2, 1, 1]
+    assert table.loc[("baseline", "GP"), ["entries", "testable", "failed", "too few splits"]].tolist() == [2, 0, 1, 1]
+    assert str(uci.verdicts.by_family(s, (("ensemble", 1), ("gp", 0)))) == (
+        "bootstrap ensembles: 1 of 2 testable entries equivalent, 0 lower, 1 higher, 0 inconclusive; "
+        "baselines: 0 of 0 testable entries equivalent, 0 lower, 0 higher, 0 inconclusive")
     # The checked form counts only what rounding cannot change: cells compared and cells that failed.
-    assert str(v["computed"]) == "4 RMSE/MNLL cells compared with the paper, 1 failed"
+    assert str(v["computed"]) == "4 RMSE/MNLL entries compared with the paper, 1 failed"
     # The cell that differs at the family-wise level is named, with its side of the paper's mean.
     assert str(v["differ_holm"]) == "Ensemble 1-layer Boston MNLL (above the paper's)"
 
@@ -90,7 +110,8 @@ def test_uci_verdict_counts(summary):
 def test_uci_verdicts_name_the_holm_cells():
     def row(ds, metric, mean, paper, p):
         return {"dataset": ds, "method": "gp", "hidden_layers": 0, "metric": metric, "mean": mean,
-                "paper_mean": paper, "p": p, "verdict": "agrees" if p >= 0.05 else "better"}
+                "paper_mean": paper, "p": p, "verdict": "no significant difference" if p >= 0.05 else "better",
+                "equivalence": "inconclusive" if p >= 0.05 else "differs (ours lower)"}
 
     # Holm over 3 p-values at 5%: 0.001 <= 0.05/3 and 0.02 <= 0.05/2 are rejected, then 0.2 > 0.05 stops.
     s = {"rows": [row("wine", "mnll", 0.9, 1.07, 0.02), row("kin8nm", "mnll", -1.2, -0.5, 0.001),
@@ -397,3 +418,44 @@ def test_paired_for_chosen_ensembles_only():
     one = uci.verdicts.paired(recs, baselines=uci.PRACTICE_IDS, ensembles=("ensemble-1",))
     assert set(both.index.get_level_values(2)) == {"Ensemble 1-layer", "Ensemble 4-layer"}
     assert set(one.index.get_level_values(2)) == {"Ensemble 1-layer"} and len(one) == 2
+
+
+def test_marks_name_deviations_artefacts_dropped_restarts_and_tf32():
+    cfg = UCIConfig.paper()
+    recs = _records({("naval", "gp", 0): [(0.001, -5.0, 0.95)] * 3,
+                     ("boston", "sghmc", 1): [(3.0, 2.5, 0.95)] * 4,
+                     ("boston", "ensemble", 4): [(20.0, 9.0, 0.5)] * 2})
+    s = uci.summarise(recs, UCIConfig(datasets=("boston", "naval"), methods=("gp", "sghmc-1", "ensemble-4")))
+    # _records gives split k k diverged particles: 0+1+2+3 = 6 draws of SGHMC, one restart keeps cfg.sghmc.draws
+    dropped = 6 // cfg.sghmc.draws
+    tf32 = {("boston", "ensemble", 4): 2}
+    rmse, mnll = (uci.verdicts.marks(s, m, cfg, tf32) for m in ("rmse", "mnll"))
+    assert rmse[("naval", "gp", 0)] == ""  # the GPflow noise bound shapes the MNLL, not the RMSE
+    assert mnll[("naval", "gp", 0)] == "noise at GPflow's lower bound"
+    assert rmse[("boston", "sghmc", 1)] == (f"step √lr; {dropped} of {4 * cfg.sghmc.restarts} restarts dropped "
+                                            "(diverged)")
+    assert rmse[("boston", "ensemble", 4)] == "zoom line search; TF32 products on 2 of 2 splits"
+    t = uci.verdicts.table(s, "mnll", marks=mnll)
+    assert t.loc[("naval (n=11934)", "GP"), "made with"] == "noise at GPflow's lower bound"
+
+
+def _prior_row(ds, rmse, float32=0):
+    from bootens_core.repro.experiments.uci.coverage import PriorRow
+
+    mean, sd = uci.paper_reference()[(ds, "ensemble", 4, "rmse")]
+    return PriorRow("paper's setting", ds, tuple(rmse), float32, mean, sd)
+
+
+def test_paper_prior_verdict_follows_its_rule():
+    far = _prior_row("boston", [20.0, 25.0, 18.0, 30.0])  # six times the paper's 3.17, every split
+    near = _prior_row("yacht", [0.76, 0.74, 0.78, 0.75, 0.77, 0.76, 0.75, 0.77, 0.76, 0.76])
+    low = _prior_row("energy", [0.20, 0.21, 0.19, 0.2, 0.21])  # far below the paper's 0.65
+    few = _prior_row("concrete", [13.0, 15.0])
+    v, t = uci.verdicts.paper_prior([far, few])
+    assert str(v).startswith("NOT reproduced") and "1 of 1 testable" in v.evidence
+    assert t.loc[("boston", "paper's setting"), "verdict"].startswith("differs (ours higher)")
+    assert t.loc[("concrete", "paper's setting"), "verdict"] == "too few splits"
+    assert str(uci.verdicts.paper_prior([near])[0]) == "reproduced"
+    # a failing dataset beside one where ours is lower: not a clean failure of the setting
+    assert str(uci.verdicts.paper_prior([far, low])[0]) == "inconclusive"
+    assert str(uci.verdicts.paper_prior([few])[0]) == "too few splits"
