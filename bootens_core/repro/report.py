@@ -98,7 +98,9 @@ class Provenance:
 
     def fields(self) -> list[tuple[str, str]]:
         """Every field as (readable label, value), in the record's order; nested mappings give labels such as
-        ``versions: jax`` and ``device: kind``; ``wall_time_s`` reads ``wall time (s)``."""
+        ``versions: jax`` and ``device: kind``; ``wall_time_s`` reads ``wall time (s)``. Local paths (the cell
+        store of the machine that assembled a record) are left out, and a commit recorded with ``-dirty`` says
+        in words that the working tree had changes."""
         out: list[tuple[str, str]] = []
 
         def label(name: str) -> str:
@@ -114,6 +116,10 @@ class Provenance:
                     walk(f"{prefix}: {label(str(k))}" if prefix else label(str(k)), v, str(k))
             elif isinstance(value, float):
                 out.append((prefix, f"{value:.1f}" if raw.endswith("_s") else f"{value:.6g}"))
+            elif isinstance(value, str) and value.startswith(("/", "~")):
+                return  # a folder of the machine that made the record: nothing a reader can open
+            elif raw == "git_commit" and str(value).endswith("-dirty"):
+                out.append((prefix, f"{str(value)[:-len('-dirty')]}, with changes not yet committed then"))
             else:
                 out.append((prefix, str(value)))
 

@@ -85,3 +85,12 @@ def test_provenance_block_is_collapsed_and_complete():
                                                     "(97); assembled on cpu, commit c02399d")
     with pytest.raises(TypeError, match="provenance mapping"):
         report.Provenance("cpu", "x")
+
+
+def test_provenance_shows_no_local_paths_and_says_what_dirty_means():
+    prov = {"git_commit": "445e4bb789b5322863d86933745ab714f35216b1-dirty", "cell_store": "/work/x/.cache/uci-cells/07",
+            "device": {"kind": "cpu"}, "name": "uci"}
+    fields = dict(report.Provenance(prov, "record").fields())
+    assert "cell store" not in fields and "/work" not in report.Provenance(prov, "record")._repr_html_()
+    assert fields["git commit"] == "445e4bb789b5322863d86933745ab714f35216b1, with changes not yet committed then"
+    assert fields["name"] == "uci" and fields["device: kind"] == "cpu"
