@@ -2,7 +2,8 @@
 # One GPU window, one command of at most 9 minutes: a short benchmark, then the paper-scale cells still missing,
 # in stages (bootens_core/repro/experiments/uci/window.py: the 1-layer ensembles, the 4-layer ensembles with the
 # fan-in prior, the paper's N(0, 1) prior at 4 layers on 3 splits a dataset, the cells made with TF32 products
-# again in float32), as PROCESSES workers sharing the device. It prints, before the cells start, how many the
+# again in float32, then Power's and Kin8nm's 1-layer ensembles on a finer sigma^2 grid, the sensitivity of their
+# verdicts to the grid), as PROCESSES workers sharing the device. It prints, before the cells start, how many the
 # cost model expects to finish. What comes back ($OUT, or bootens-out/window): bench.log, uci-dataset.json,
 # window.log and window.tar (every pack and worker log), then fold the packs at COMMIT (results/paper/README.md).
 #

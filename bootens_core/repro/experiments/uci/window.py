@@ -17,7 +17,10 @@ The stages (:data:`STAGES`), in this order:
    record ``uci-fanin`` lacks;
 3. ``prior-4``: the paper's N(0, 1) prior at 4 layers on the first 3 splits of every dataset, the evidence
    that it fails there (cells made with TF32 products are made again);
-4. ``tf32``: the other cells of the committed records that a GPU made with TF32 products, again in float32.
+4. ``tf32``: the other cells of the committed records that a GPU made with TF32 products, again in float32;
+5. ``sigma-fine``: the 1-layer ensembles of Power and Kin8nm with the finer grid :data:`FINE_NOISE_GRID`
+   (steps of 10^(1/8) from 0.01 to 0.1 instead of the grid's sqrt(10)), the sensitivity of their verdicts to
+   the grid's resolution, paired split by split against the paper-scale record's cells.
 
 ``python -m bootens_core.repro.experiments.uci.window --budget 480 --processes 6 --out OUT`` (the parent);
 the parent starts itself with ``--worker I/P`` for each worker.
@@ -41,6 +44,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "Stage",
     "STAGES",
+    "FINE_NOISE_GRID",
     "StagePlan",
     "FLOAT32_BEFORE_FIELD",
     "made_in_float32",
@@ -68,13 +72,20 @@ class Stage(NamedTuple):
     records: tuple[str, ...]
     max_splits: int = 0
     redo_tf32: bool = True
+    datasets: tuple[str, ...] = ()  # the datasets it is limited to (none: the profile's)
 
+
+# The sigma^2 grid of the sensitivity stage: 9 values from 0.01 to 0.1 in steps of 10^(1/8) (standardised label
+# units), around the 0.03 the paper-scale grid picks on Power and Kin8nm where the GP fits about 0.05.
+FINE_NOISE_GRID: tuple[float, ...] = tuple(round(10.0 ** (-2.0 + k / 8.0), 6) for k in range(9))
 
 STAGES: tuple[Stage, ...] = (
     Stage("ensemble-1", ("ensemble-1",), {}, ("uci",)),
     Stage("fanin-4", ("ensemble-4",), {"network.scale_by_fan_in": True}, ("uci-fanin",)),
     Stage("prior-4", ("ensemble-4",), {}, ("uci",), max_splits=3),
     Stage("tf32", ("ensemble-4", "ensemble-1", "mcd-4", "mcd-1"), {}, ("uci", "uci-mcd-sghmc")),
+    Stage("sigma-fine", ("ensemble-1",), {"noise_grid": FINE_NOISE_GRID}, ("uci-sigma-fine",),
+          datasets=("power", "kin8nm")),
 )
 
 
@@ -155,10 +166,12 @@ def tf32_cells(
 
 def stage_config(stage: Stage, base: Any) -> Any:
     """The :class:`~bootens_core.repro.experiments.uci.config.UCIConfig` of a stage: ``base`` with the stage's
-    methods, settings and split limit."""
+    methods, settings, datasets (those of ``base`` it names) and split limit."""
     from ... import config
 
     cfg = dataclasses.replace(base, methods=tuple(stage.methods))
+    if stage.datasets:
+        cfg = dataclasses.replace(cfg, datasets=tuple(d for d in cfg.datasets if d in stage.datasets))
     for name, value in stage.sets.items():
         cfg = config.replace(cfg, name, value)
     if stage.max_splits:

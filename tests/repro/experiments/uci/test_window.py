@@ -9,6 +9,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bootens_core.repro import cellpack
@@ -71,6 +72,13 @@ def test_stage_configs_follow_their_stage():
     assert by["fanin-4"].network.scale_by_fan_in and not by["prior-4"].network.scale_by_fan_in
     assert by["prior-4"].max_splits == 3 and by["ensemble-1"].max_splits == 0
     assert by["ensemble-1"].methods == ("ensemble-1",)
+    fine = by["sigma-fine"]
+    assert set(fine.datasets) == {"kin8nm", "power"}
+    assert set(fine.datasets) <= set(base.datasets) and fine.methods == ("ensemble-1",)
+    grid = np.asarray(fine.noise_grid)
+    assert len(grid) == 9 and grid[0] == 0.01 and grid[-1] == 0.1
+    np.testing.assert_allclose(grid[1:] / grid[:-1], 10 ** (1 / 8), rtol=1e-4)  # steps of 10^(1/8)
+    assert by["ensemble-1"].noise_grid == base.noise_grid and by["ensemble-1"].datasets == base.datasets
 
 
 def test_plan_counts_within_pending_and_refuses_bad_input(tmp_path, monkeypatch):
