@@ -11,7 +11,7 @@ out of notebooks makes them testable and identical wherever they are shown.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "Provenance",
     "verdict_table",
     "distance",
+    "holm",
     "p_to_z",
     "all_pass",
     "sig",
@@ -136,6 +137,20 @@ class Provenance:
         )
         return (f"<details class='bootens-provenance'><summary>{html.escape(self.summary())}</summary>"
                 f"<table>{rows}</table></details>")
+
+
+def holm(pvalues: Sequence[float], level: float = 0.05) -> list[bool]:
+    """Holm's step-down rejections at family-wise ``level``: the sorted p-values ``p_(i)`` (i = 1..m) are
+    rejected while ``p_(i) <= level / (m - i + 1)``; non-finite p-values are never rejected and not counted in
+    m. One per position of ``pvalues``."""
+    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
+    m = len(idx)
+    reject = [False] * len(pvalues)
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        if pvalues[i] > level / (m - rank):
+            break
+        reject[i] = True
+    return reject
 
 
 def distance(value: float, threshold: float, scale: float | None) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -125,17 +126,9 @@ def table(s: Summary | dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["dataset", "method"])
 
 
-def holm(pvalues: list[float], level: float = LEVEL) -> list[bool]:
-    """Holm's step-down rejections at family-wise ``level``: the sorted p-values ``p_(i)`` (i = 1..m) are
-    rejected while ``p_(i) <= level / (m - i + 1)``; non-finite p-values are never rejected and not counted."""
-    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
-    m = len(idx)
-    reject = [False] * len(pvalues)
-    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
-        if pvalues[i] > level / (m - rank):
-            break
-        reject[i] = True
-    return reject
+def holm(pvalues: Sequence[float], level: float = LEVEL) -> list[bool]:
+    """Holm's step-down rejections at family-wise ``level`` (:func:`bootens_core.repro.report.holm`)."""
+    return report.holm(pvalues, level)
 
 
 def _paired_rows(result: Any, other: str) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ... import cellpack, codekey, harness, store
+from ... import cellpack, codekey, harness, report, store
 from ....baselines import dropout
 from .... import ensemble, samplers, models
 from ....driver import CompileCounter
@@ -1018,16 +1018,8 @@ def testable_pvalues(rows: Sequence[Mapping[str, Any]]) -> list[float]:
 
 
 def holm(pvalues: Sequence[float], level: float = LEVEL) -> list[bool]:
-    """Holm's step-down rejections at family-wise ``level``: sorted p-values ``p_(i)`` (i = 1..m) are rejected
-    while ``p_(i) <= level / (m - i + 1)``; non-finite p-values are never rejected and not counted in m."""
-    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
-    m = len(idx)
-    reject = [False] * len(pvalues)
-    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
-        if pvalues[i] > level / (m - rank):
-            break
-        reject[i] = True
-    return reject
+    """Holm's step-down rejections at family-wise ``level`` (:func:`bootens_core.repro.report.holm`)."""
+    return report.holm(pvalues, level)
 
 
 def method_id(record: Mapping[str, Any]) -> str:
