@@ -22,11 +22,14 @@ manifest does not list (its chunk was cut off before the manifest named it) is i
 Each chain carries its PRNG key in its state, so the draws do not depend on where the run was cut: a run
 resumed from its directory gives the same draws, bit for bit on one machine, as a run never interrupted.
 
-:func:`read_run` reads the kept draws back (checking every chunk's sha256 against the manifest).
+One process at a time runs a directory (it holds the lock file ``.lock``; a second one is refused, since it
+would take the first one's unfinished files for leftovers); :func:`read_run` reads the kept draws back at any
+time (checking every chunk's sha256 against the manifest).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -47,6 +50,7 @@ from .nuts import resolve_chain_method
 
 __all__ = [
     "FORMAT",
+    "LOCK",
     "MANIFEST",
     "NUTSChunk",
     "ResumableNUTS",
@@ -62,6 +66,8 @@ __all__ = [
 FORMAT = "bootens-nuts-chunks/1"
 #: The manifest's file name inside a run directory.
 MANIFEST = "manifest.json"
+#: The lock file a running :func:`run_resumable` holds (an advisory ``flock``): one process per directory.
+LOCK = ".lock"
 
 
 class NUTSChunk(NamedTuple):
@@ -257,6 +263,20 @@ def _key_data(key: jax.Array) -> jax.Array:
     return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else jnp.asarray(key)
 
 
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """Hold the directory's lock file for the duration (a second process is refused at once, not queued)."""
+    import fcntl
+
+    with open(directory / LOCK, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{directory}: another process is running this run (it holds {LOCK}); let it "
+                             "finish or stop it first (read_run reads the draws meanwhile)") from None
+        yield
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -411,75 +431,77 @@ def run_resumable(
     n_warmup = int(sampler.settings["n_warmup"])
     max_depth = int(sampler.settings["max_tree_depth"])
     directory.mkdir(parents=True, exist_ok=True)
-    for stray in directory.glob(".*.tmp-*"):  # files of a write that was cut off
-        stray.unlink(missing_ok=True)
+    with _locked(directory):
+        for stray in directory.glob(".*.tmp-*"):  # files of a write that was cut off
+            stray.unlink(missing_ok=True)
 
-    manifest = _read_manifest(directory)
-    if manifest is None:
-        leftovers = sorted(p.name for p in directory.iterdir() if p.name.startswith(("chunk-", "state-")))
-        if leftovers:
-            raise ValueError(f"{directory} holds {', '.join(leftovers[:3])} but no {MANIFEST}: not a run "
-                             "this function can resume; give another directory or remove those files")
-        state = sampler.init(key, positions)
-        manifest = {"format": FORMAT, "identity": ident, "warmup_done": 0, "draws_done": 0, "warmup": [],
-                    "chunks": [], "state": None, "state_sha256": None}
-        manifest = _save_state(directory, manifest, state)
-    else:
-        _check_identity(directory, manifest["identity"], ident)
-        _verify_chunks(directory, manifest)
-        listed = {manifest["state"], *(e["file"] for e in manifest["chunks"])}
-        for stray in directory.iterdir():  # written by a chunk cut off before the manifest named its files
-            if stray.name.startswith(("chunk-", "state-")) and stray.name not in listed:
-                stray.unlink()
-        state_path = directory / manifest["state"]
-        if not state_path.is_file() or _sha256(state_path) != manifest["state_sha256"]:
-            raise ValueError(f"{state_path}: the sampler state the manifest names is missing or damaged")
-        state = _load_state(state_path, sampler.template(ident["n_chains"], ident["n_params"]))
-
-    last: float | None = None
-
-    def progress(stopped: str) -> RunProgress:
-        return RunProgress(manifest["warmup_done"], manifest["draws_done"], len(manifest["chunks"]), last,
-                           time.monotonic() - start, stopped)
-
-    while True:
-        warming = manifest["warmup_done"] < n_warmup
-        if not warming and n_draws is not None and manifest["draws_done"] >= n_draws:
-            return progress("done")
-        if keep_going is not None and not keep_going(progress("running")):
-            return progress("stopped")
-        n = min(chunk_draws, n_warmup - manifest["warmup_done"]) if warming else chunk_draws
-        if not warming and n_draws is not None:
-            n = min(n, n_draws - manifest["draws_done"])
-        t0 = time.monotonic()
-        state, chunk = sampler.advance(state, n)
-        seconds = time.monotonic() - t0
-        hits = tree_depth_hits(chunk.num_steps, max_depth)
-        entry = {
-            "transitions": n,
-            "seconds": round(seconds, 3),
-            "divergences": int(chunk.diverging.sum()),
-            "tree_depth_hits": int(hits.sum()),
-            "mean_num_steps": float(chunk.num_steps.mean()),
-            "mean_accept_prob": float(chunk.accept_prob.mean()),
-            "step_size": np.asarray(state.adapt_state.step_size, np.float64).ravel().tolist(),
-            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "note": dict(note or {}),
-        }
-        if warming:
-            manifest = {**manifest, "warmup_done": manifest["warmup_done"] + n,
-                        "warmup": [*manifest["warmup"], entry]}
+        manifest = _read_manifest(directory)
+        if manifest is None:
+            leftovers = sorted(p.name for p in directory.iterdir() if p.name.startswith(("chunk-", "state-")))
+            if leftovers:
+                raise ValueError(f"{directory} holds {', '.join(leftovers[:3])} but no {MANIFEST}: not a run "
+                                 "this function can resume; give another directory or remove those files")
+            state = sampler.init(key, positions)
+            manifest = {"format": FORMAT, "identity": ident, "warmup_done": 0, "draws_done": 0, "warmup": [],
+                        "chunks": [], "state": None, "state_sha256": None}
+            manifest = _save_state(directory, manifest, state)
         else:
-            name = f"chunk-{len(manifest['chunks']):06d}.npz"
-            _write_atomic(directory / name, lambda fh, c=chunk: np.savez(fh, **c._asdict()))
-            entry = {"file": name, "sha256": _sha256(directory / name), "first_draw": manifest["draws_done"],
-                     **entry}
-            manifest = {**manifest, "draws_done": manifest["draws_done"] + n,
-                        "chunks": [*manifest["chunks"], entry]}
-        manifest = _save_state(directory, manifest, state)
-        last = seconds
-        if on_chunk is not None:
-            on_chunk(progress("running"), chunk)
+            _check_identity(directory, manifest["identity"], ident)
+            _verify_chunks(directory, manifest)
+            listed = {manifest["state"], *(e["file"] for e in manifest["chunks"])}
+            # Written by a chunk cut off before the manifest named its files:
+            for stray in directory.iterdir():
+                if stray.name.startswith(("chunk-", "state-")) and stray.name not in listed:
+                    stray.unlink()
+            state_path = directory / manifest["state"]
+            if not state_path.is_file() or _sha256(state_path) != manifest["state_sha256"]:
+                raise ValueError(f"{state_path}: the sampler state the manifest names is missing or damaged")
+            state = _load_state(state_path, sampler.template(ident["n_chains"], ident["n_params"]))
+
+        last: float | None = None
+
+        def progress(stopped: str) -> RunProgress:
+            return RunProgress(manifest["warmup_done"], manifest["draws_done"], len(manifest["chunks"]), last,
+                               time.monotonic() - start, stopped)
+
+        while True:
+            warming = manifest["warmup_done"] < n_warmup
+            if not warming and n_draws is not None and manifest["draws_done"] >= n_draws:
+                return progress("done")
+            if keep_going is not None and not keep_going(progress("running")):
+                return progress("stopped")
+            n = min(chunk_draws, n_warmup - manifest["warmup_done"]) if warming else chunk_draws
+            if not warming and n_draws is not None:
+                n = min(n, n_draws - manifest["draws_done"])
+            t0 = time.monotonic()
+            state, chunk = sampler.advance(state, n)
+            seconds = time.monotonic() - t0
+            hits = tree_depth_hits(chunk.num_steps, max_depth)
+            entry = {
+                "transitions": n,
+                "seconds": round(seconds, 3),
+                "divergences": int(chunk.diverging.sum()),
+                "tree_depth_hits": int(hits.sum()),
+                "mean_num_steps": float(chunk.num_steps.mean()),
+                "mean_accept_prob": float(chunk.accept_prob.mean()),
+                "step_size": np.asarray(state.adapt_state.step_size, np.float64).ravel().tolist(),
+                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "note": dict(note or {}),
+            }
+            if warming:
+                manifest = {**manifest, "warmup_done": manifest["warmup_done"] + n,
+                            "warmup": [*manifest["warmup"], entry]}
+            else:
+                name = f"chunk-{len(manifest['chunks']):06d}.npz"
+                _write_atomic(directory / name, lambda fh, c=chunk: np.savez(fh, **c._asdict()))
+                entry = {"file": name, "sha256": _sha256(directory / name),
+                         "first_draw": manifest["draws_done"], **entry}
+                manifest = {**manifest, "draws_done": manifest["draws_done"] + n,
+                            "chunks": [*manifest["chunks"], entry]}
+            manifest = _save_state(directory, manifest, state)
+            last = seconds
+            if on_chunk is not None:
+                on_chunk(progress("running"), chunk)
 
 
 def _save_state(directory: Path, manifest: dict, state: Any) -> dict:

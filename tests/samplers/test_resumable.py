@@ -4,6 +4,7 @@ with one clear error."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 
@@ -61,8 +62,9 @@ def test_chains_are_numpyros_nuts_chains(uninterrupted):
     settings; the record is ``_record`` of its draws."""
     _, progress, run = uninterrupted
     assert progress == progress._replace(warmup_done=N_WARMUP, draws_done=N_DRAWS, chunks=2, stopped="done")
-    draws, info, log_dens, _, _ = samplers.nuts(KEY, _log_density, POSITIONS, n_warmup=N_WARMUP, n_draws=N_DRAWS,
-                                                max_tree_depth=DEPTH, chain_method="sequential")
+    draws, info, log_dens, _, _ = samplers.nuts(KEY, _log_density, POSITIONS, n_warmup=N_WARMUP,
+                                                n_draws=N_DRAWS, max_tree_depth=DEPTH,
+                                                chain_method="sequential")
     want = np.asarray(jax.vmap(jax.vmap(_record))(jnp.asarray(draws)), np.float32)
     assert run.record.shape == (N_CHAINS, N_DRAWS, _GRID.size) and run.record.dtype == np.float32
     np.testing.assert_allclose(run.record, want, rtol=1e-6, atol=1e-6)
@@ -128,7 +130,8 @@ def test_a_chunk_cut_off_before_the_manifest_is_ignored(uninterrupted, tmp_path,
                             identity={"problem": "gaussian-3"})
     _same_draws(resumable.read_run(where), run)
     names = sorted(p.name for p in where.iterdir())
-    assert names == ["chunk-000000.npz", "chunk-000001.npz", "manifest.json", run.manifest["state"]]
+    assert names == [resumable.LOCK, "chunk-000000.npz", "chunk-000001.npz", "manifest.json",
+                     run.manifest["state"]]
 
 
 def test_a_damaged_chunk_is_refused(uninterrupted, tmp_path):
@@ -189,3 +192,17 @@ def test_keep_going_stops_between_chunks_and_the_warm_up_resumes(uninterrupted, 
     again = resumable.read_run(where)
     assert len(again.manifest["chunks"]) == N_DRAWS // 2
     np.testing.assert_allclose(again.record, run.record, rtol=1e-12, atol=1e-12)
+
+
+def test_a_directory_another_process_runs_is_refused(uninterrupted, tmp_path):
+    """A second process on a running directory would remove the first one's unfinished files: refused at
+    once while the lock is held (here by this process through another open file), read_run still reads."""
+    whole, _, run = uninterrupted
+    where = tmp_path / "run"
+    shutil.copytree(whole, where)
+    with open(where / resumable.LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match="another process is running this run"):
+            resumable.run_resumable(KEY, where, _sampler(), POSITIONS, chunk_draws=CHUNK,
+                                    n_draws=N_DRAWS + CHUNK, identity={"problem": "gaussian-3"})
+        _same_draws(resumable.read_run(where), run)
