@@ -353,6 +353,7 @@ def _cmd_deep_relu_reference(args: argparse.Namespace) -> int:
 
     from . import config, store
     from .experiments import deep_relu
+    from ..samplers import resumable
     from .experiments.deep_relu import reference
 
     cfg = _configure(deep_relu, args)
@@ -371,6 +372,21 @@ def _cmd_deep_relu_reference(args: argparse.Namespace) -> int:
         print(f"bootens: {problem}", file=sys.stderr)
         return 2
     where = Path(args.out) / reference.DIRNAME
+    if args.status:
+        # Read only (no lock taken): safe beside the process running the directory.
+        try:
+            run = resumable.read_run(where)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"bootens: {exc}", file=sys.stderr)
+            return 2
+        diag = reference.diagnostics(run, args.target_rhat, args.target_ess)
+        seconds = sum(e["seconds"] for e in run.manifest["warmup"] + run.manifest["chunks"])
+        print(f"bootens: {where}: warm-up {run.manifest['warmup_done']}/"
+              f"{run.manifest['identity']['sampler']['n_warmup']}, {diag.draws} draws x {diag.chains} chains "
+              f"kept ({seconds:.0f} s of chunks so far)", file=sys.stderr)
+        print(json.dumps({"warmup_done": run.manifest["warmup_done"], **diag._asdict(),
+                          "target_rhat": args.target_rhat, "target_ess": args.target_ess}, indent=2))
+        return 0
     prov = store.provenance()
     note = {"git_commit": prov["git_commit"], "device": prov["device"]["kind"],
             "versions": {k: prov["versions"].get(k) for k in ("jax", "jaxlib", "numpyro")},
@@ -751,6 +767,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_ref.add_argument("--seed", type=int, default=None, help="override the config's seed")
     p_ref.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a config field, e.g. --set nuts.chains=4; repeatable")
+    p_ref.add_argument("--status", action="store_true",
+                       help="run nothing: print the diagnostics of the draws kept so far (read only, safe "
+                            "while another process runs the directory)")
     p_ref.add_argument("--quiet", action="store_true", help="no progress bar")
     p_ref.set_defaults(fn=_cmd_deep_relu_reference, datasets=None, methods=None, workers=None)
     p_bench = sub.add_parser("bench", help="particle throughput vs k, loops and the roofline -> OUT/bench.json")

@@ -87,6 +87,9 @@ def test_command_runs_resumes_and_refuses_other_settings(tmp_path, capsys):
     assert cli.main([*args, "--draws", "8", "--time-budget", "1e-9"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["draws"] == 4 and "time budget spent" in captured.err
+    # --status reads what is kept, without the sampler.
+    assert cli.main(["deep-relu-reference", "--out", out, "--status"]) == 0
+    assert json.loads(capsys.readouterr().out) == first
     # Other settings in the same directory: one line, status 2, nothing changed.
     assert cli.main([*args, "--draws", "8", "--set", "noise_var=0.2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
