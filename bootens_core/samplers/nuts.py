@@ -13,11 +13,23 @@ import numpy as np
 from ..models import Model, Params, float_dtype
 from ._common import MCMCResult, _check_initial, _count, _flat_init, _prepare, unravel_draws, log_density_fn
 
-__all__ = ["nuts", "nuts_model", "NUTS_CHAIN_METHODS", "resolve_chain_method"]
+__all__ = ["nuts", "nuts_model", "NUTS_CHAIN_METHODS", "resolve_chain_method", "nuts_settings"]
 
 #: How the chains can run, "vectorized" (one vmapped program for all chains), "sequential" (one chain after
 #: another) or "auto" (sequential on a CPU, vectorized on an accelerator).
 NUTS_CHAIN_METHODS = ("auto", "vectorized", "sequential")
+
+
+def nuts_settings(n_warmup: Any, max_tree_depth: Any, target_accept: Any, chain_method: str, dtype: Any
+                  ) -> tuple[int, int, float, str, Any]:
+    """The settings NUTS takes, checked (one ``ValueError`` naming the first bad one) and resolved: ``(n_warmup,
+    max_tree_depth, target_accept, chain method, dtype)`` (:func:`resolve_chain_method`, ``float_dtype``)."""
+    n_warmup = _count("n_warmup", n_warmup, 0)
+    max_tree_depth = _count("max_tree_depth", max_tree_depth, 1)
+    target_accept = float(target_accept)
+    if not 0 < target_accept < 1:
+        raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
+    return n_warmup, max_tree_depth, target_accept, resolve_chain_method(chain_method), float_dtype(dtype)
 
 
 def resolve_chain_method(chain_method: str) -> str:
@@ -77,14 +89,9 @@ def nuts(
         warnings.filterwarnings("ignore", message="IProgress not found")
         from numpyro.infer import MCMC, NUTS
 
-    n_warmup = _count("n_warmup", n_warmup, 0)
+    n_warmup, max_tree_depth, target_accept, method, dtype = nuts_settings(
+        n_warmup, max_tree_depth, target_accept, chain_method, dtype)
     n_draws = _count("n_draws", n_draws, 1)
-    max_tree_depth = _count("max_tree_depth", max_tree_depth, 1)
-    target_accept = float(target_accept)
-    if not 0 < target_accept < 1:
-        raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
-    method = resolve_chain_method(chain_method)
-    dtype = float_dtype(dtype)
     flat0 = jnp.asarray(init, dtype)
     if flat0.ndim != 2:
         raise ValueError(f"init must have shape (n_chains, m), got {flat0.shape}")

@@ -44,9 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import float_dtype
 from ._common import _check_initial, _count
-from .nuts import resolve_chain_method
+from .nuts import nuts_settings
 
 __all__ = [
     "FORMAT",
@@ -140,14 +139,9 @@ def resumable_nuts(
         warnings.filterwarnings("ignore", message="IProgress not found")
         from numpyro.infer import NUTS
 
-    n_warmup = _count("n_warmup", n_warmup, 0)
+    n_warmup, max_tree_depth, target_accept, method, dtype = nuts_settings(
+        n_warmup, max_tree_depth, target_accept, chain_method, dtype)
     n_params = _count("n_params", n_params, 1)
-    max_tree_depth = _count("max_tree_depth", max_tree_depth, 1)
-    target_accept = float(target_accept)
-    if not 0 < target_accept < 1:
-        raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
-    method = resolve_chain_method(chain_method)
-    dtype = float_dtype(dtype)
     # As in samplers.nuts: NumPyro's state is in JAX's default float dtype, the model is evaluated in dtype.
     state_dtype = jnp.result_type(float)
     record_shape = tuple(jax.eval_shape(record, jax.ShapeDtypeStruct((n_params,), dtype)).shape)
