@@ -122,6 +122,12 @@ def read(path: str | os.PathLike[str], kind: str | None = None) -> Saved:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no ensemble file at {path}")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if not magic:
+        raise IncompatibleFileError(f"{path} is empty: not a bootens ensemble file")
+    if magic != b"PK\x03\x04":  # every .npz is a zip archive
+        raise IncompatibleFileError(f"{path} is not a bootens ensemble file (not a NumPy .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             if _HEADER not in npz.files:
@@ -129,7 +135,7 @@ def read(path: str | os.PathLike[str], kind: str | None = None) -> Saved:
                                             "(no header)")
             header = json.loads(str(npz[_HEADER][()]))
             arrays = {name: npz[name] for name in npz.files if name != _HEADER}
-    except (zipfile.BadZipFile, OSError, ValueError, json.JSONDecodeError) as err:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, json.JSONDecodeError) as err:
         if isinstance(err, IncompatibleFileError):
             raise
         raise IncompatibleFileError(

@@ -95,8 +95,17 @@ def test_other_files_are_refused(regressor, tmp_path):
     with pytest.raises(persist.IncompatibleFileError, match="no header"):
         load(tmp_path / "plain.npz")
     (tmp_path / "text.npz").write_text("hello")
-    with pytest.raises(persist.IncompatibleFileError, match="not a bootens ensemble"):
+    with pytest.raises(persist.IncompatibleFileError, match="not a bootens ensemble") as err:
         load(tmp_path / "text.npz")
+    # one message of ours naming the path, not numpy's hint to allow pickles
+    assert "text.npz" in str(err.value) and "pickle" not in str(err.value)
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(persist.IncompatibleFileError, match="empty.npz is empty"):
+        load(tmp_path / "empty.npz")
+    (tmp_path / "pickled.npz").write_bytes(b"\x80\x04K\x01.")  # a pickle, as np.save of an object writes
+    with pytest.raises(persist.IncompatibleFileError, match="not a NumPy .npz archive") as err:
+        load(tmp_path / "pickled.npz")
+    assert "allow_pickle" not in str(err.value)
     with pytest.raises(FileNotFoundError):
         load(tmp_path / "missing.npz")
     with zipfile.ZipFile(path) as z, zipfile.ZipFile(tmp_path / "cut.npz", "w") as out:
