@@ -77,5 +77,11 @@ def check_data(x: Any, y: Any, noise_var: Any = None, *, outputs: int | None = N
 def model_outputs(model: Model, x: Any) -> int | None:
     """``None`` for a model with one output per input (``apply -> (n,)``), else its number of outputs
     (``apply -> (n, C)``), found from shapes alone (``jax.eval_shape``) at inputs shaped like ``x``."""
-    out = jax.eval_shape(model.apply, template(model, jnp.float32), jax.ShapeDtypeStruct(np.shape(x), jnp.float32))
+    try:
+        out = jax.eval_shape(model.apply, template(model, jnp.float32),
+                             jax.ShapeDtypeStruct(np.shape(x), jnp.float32))
+    except (TypeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"the model {model.name!r} cannot take inputs x of shape {np.shape(x)} (does x have as "
+                         f"many columns as the model has inputs?): {first}") from None
     return None if len(out.shape) == 1 else int(out.shape[1])

@@ -42,3 +42,15 @@ def test_model_outputs_from_shapes_alone():
 def test_the_ensemble_reexports_the_checks():
     assert ensemble.check_data is checks.check_data
     assert ensemble.DivergedParticlesError is checks.DivergedParticlesError
+
+
+def test_inputs_with_the_wrong_number_of_columns_get_one_clear_error():
+    import jax
+
+    from bootens_core import ensemble, models
+
+    model = models.mlp(3, (5,), "relu")
+    x, y = np.zeros((8, 4)), np.zeros(8)  # 4 columns for a model of 3 inputs
+    with pytest.raises(ValueError, match=r"cannot take inputs x of shape \(8, 4\) \(does x have as many columns"):
+        ensemble.train(jax.random.key(0), model, x, y, noise_var=0.1, n_particles=2, steps=1,
+                       opt=ensemble.optimizer("adam", 0.01))
