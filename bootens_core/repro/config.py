@@ -297,7 +297,9 @@ class SGHMCConfig:
     gradient (see samplers.sghmc_model). "none" (eps = lr = 0.001, the Theano/TF reference code's convention)
     leaves the restarts far apart after the paper's 42 000 steps (predictive R-hat ~3 on Boston and Yacht:
     uci.sghmc_step_study, shown in the chapter); every profile uses "sqrt_lr" (eps = sqrt(lr) ~ 0.032, the
-    PyTorch reference's convention) -- a named deviation; "none" stays runnable.
+    convention of one version of the PyTorch reference) -- a named deviation, which with minibatches of 20
+    loses most restarts to divergence on the larger datasets (results/paper/uci-mcd-sghmc/DIVERGENCE.md);
+    "none" stays runnable.
     """
 
     lr: float = 1e-3

@@ -39,8 +39,9 @@ these units instead of ``1, 1, 1``, a difference the adaptation forgets within a
 ``- (lr / sqrt(N))**4`` is ``- lr**4 / N**2`` in these units). Hence :func:`sghmc_model` uses ``eps = lr`` by
 default (``lr_scaling="none"``). ``lr_scaling="sqrt_n"`` sets ``eps = lr / sqrt(N)`` on the full-data
 gradient: a ``sqrt(N)`` times smaller step, which in the overdamped regime mixes ``N`` times more slowly.
-``lr_scaling="sqrt_lr"`` sets ``eps = sqrt(lr)``, the convention of the later PyTorch code (``pybnn``'s
-Bohamiann passes ``sqrt(lr)`` to a sampler written in full-data units). The ``eps`` used is recorded in the
+``lr_scaling="sqrt_lr"`` sets ``eps = sqrt(lr)``, the convention of one version of the PyTorch code (``pybnn``'s
+Bohamiann passed ``sqrt(lr)`` from October 2018 to February 2019, with a correction of ``eps**4 / N**2``; before
+and since, it passes ``lr`` itself, as the Theano code does). The ``eps`` used is recorded in the
 result.
 
 **Minibatches** (``batch_size = B < N``): per-epoch shuffles. Epoch ``e`` (of ``N // B`` steps) draws a random
@@ -330,7 +331,7 @@ def sghmc_model(
             ``None``: ``min(20, N)``, the reference implementation's (the paper does not state one).
         lr_scaling: ``"none"`` (default): ``eps = lr``, the dynamics of the reference implementation (its
             ``lr / sqrt(N)`` on the per-point gradient); ``"sqrt_n"``: ``eps = lr / sqrt(N)`` on the full-data
-            gradient; ``"sqrt_lr"``: ``eps = sqrt(lr)`` (``pybnn``). See the module docstring.
+            gradient; ``"sqrt_lr"``: ``eps = sqrt(lr)`` (one ``pybnn`` version). See the module docstring.
         init: a parameter pytree whose leaves have a leading ``n_restarts`` axis (starting points).
         on_diverged: ``"raise"`` (default): raise :class:`~bootens_core.checks.DivergedParticlesError` if a
             restart's position became NaN/Inf; ``"report"``: return them, flagged in ``info["diverged"]``.
