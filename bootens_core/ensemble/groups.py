@@ -44,7 +44,7 @@ __all__ = [
 
 #: The smallest group :func:`choose_particle_batch` forms (see the module's note on rounding).
 MIN_GROUP = 10
-#: The share of the last-level cache a group's step may touch: the rest is left to the shared data, the
+#: The share of the last-level cache a group's step may touch. The rest is left to the shared data, the
 #: compiled program and the other cores (measured on one core of a 2-core AMD EPYC with 32 MB of L3, 200
 #: particles of the 1-layer network of Boston's shape, 0.91 MB a particle: groups of 2-20, up to 18 MB, ran
 #: 1.9-2.0x the loop of single particles; groups of 50, 45 MB, 1.2x; all at once 0.9x).
