@@ -360,6 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")  # as the caller set it, for the workers
+    if args.worker is None:
+        # the parent only plans: were it to preallocate JAX's default share of the device, the workers' shares
+        # would not fit beside it (on one GPU they failed to start, out of memory)
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     import jax
 
     from ...cli import MATMUL_PRECISION
@@ -397,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     deadline = start + args.budget
     env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(0.8, 0.8 / args.processes):.3f}"}
+    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE")  # each worker holds its share from the start, unless told not to
+    if preallocate is not None:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = preallocate
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
     procs = []
     for i in range(args.processes):
