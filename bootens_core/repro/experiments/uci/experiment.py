@@ -550,12 +550,19 @@ def _family_settings(cfg: UCIConfig, family: str) -> dict[str, Any]:
             **{name: plain(getattr(cfg, name)) for name in _setting_names(family)}}
 
 
+# The values of jax_default_matmul_precision that compute float32 products in float32 on every backend.
+_FLOAT32_PRECISIONS = ("highest", "float32")
+
+
 def _products() -> str:
     """How float32 matrix products are computed here, for the cell keys: a CPU computes them in float32 whatever
     ``jax_default_matmul_precision`` says; an accelerator follows the setting (its default, ``None``, is TF32 on
-    NVIDIA GPUs since Ampere), so a cell made in TF32 or bf16 passes is never served as one made in float32."""
+    NVIDIA GPUs since Ampere), so a cell made in TF32 or bf16 passes is never served as one made in float32.
+    An accelerator set to ``"highest"`` (or ``"float32"``) computes them in float32 too: its cells share the
+    CPU's key, as any two machines' float32 cells do."""
     backend = jax.default_backend()
-    return "float32" if backend == "cpu" else f"{backend}:{jax.config.jax_default_matmul_precision}"
+    precision = jax.config.jax_default_matmul_precision
+    return "float32" if backend == "cpu" or precision in _FLOAT32_PRECISIONS else f"{backend}:{precision}"
 
 
 def _family_hash(cfg: UCIConfig, family: str) -> str:
