@@ -174,7 +174,8 @@ def provenance(wall_time_s: float | None = None) -> dict[str, Any]:
 
 
 def save(result: Result, directory: str | os.PathLike[str]) -> Path:
-    """Write ``result`` into ``directory`` atomically (temporary sibling, then rename)."""
+    """Write ``result`` into ``directory`` atomically (temporary sibling, then rename). What else the folder
+    holds (a note, a script beside the record) is kept: only the files this save writes are replaced."""
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -190,6 +191,12 @@ def save(result: Result, directory: str | os.PathLike[str]) -> Path:
                 raise ValueError(f"extra result files must be plain *.csv names, got {fname!r}")
             (tmp / fname).write_text(text)
         if target.exists():
+            for entry in target.iterdir():  # files the record does not write (a note, a probe) stay
+                if not (tmp / entry.name).exists():
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                    else:
+                        shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)
             os.replace(tmp, target)

@@ -116,6 +116,22 @@ def test_overwrite(tmp_path):
     assert _leftovers(tmp_path, "demo") == []
 
 
+def test_overwrite_keeps_what_the_record_does_not_write(tmp_path):
+    # a note, a script and a folder beside a record survive its rewrite; the record's own files are replaced
+    target = tmp_path / "demo"
+    store.save(_result(1.0), target)
+    (target / "NOTES.md").write_text("why the cells diverge\n")
+    (target / "probe.py").write_text("print(1)\n")
+    (target / "traces").mkdir()
+    (target / "traces" / "a.csv").write_text("x\n1\n")
+    store.save(_result(3.0), target)
+    _assert_same(_result(3.0), store.load(target))
+    assert (target / "NOTES.md").read_text() == "why the cells diverge\n"
+    assert (target / "probe.py").read_text() == "print(1)\n"
+    assert (target / "traces" / "a.csv").read_text() == "x\n1\n"
+    assert _leftovers(tmp_path, "demo") == []
+
+
 @pytest.mark.parametrize("missing", ["summary.json", "config.json", "provenance.json", "arrays.npz"])
 def test_load_names_a_missing_file(tmp_path, missing):
     where = store.save(_result(), tmp_path / "demo")
