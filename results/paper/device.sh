@@ -9,14 +9,17 @@
 #
 # usage: bash results/paper/device.sh COMMIT [window arguments...]
 #   environment: WINDOW_S (530: the whole command, bench included), PROCESSES (6), BENCH_S (60; 0 skips),
-#   PRECISION_S (240; 0 skips): beside the window, one more process makes Yacht's 1-layer splits 0-6 with JAX's
-#   "high" matmul precision (three bf16 passes) into high.tar.gz, to be paired with the CPU record's cells as the
-#   TF32 check was (uci.repeated_cells);
+#   PRECISION_S (0 skips; e.g. 240): beside the window, one more process makes Yacht's 1-layer splits 0-6 with
+#   JAX's matmul precision PRECISION (default "high") into PRECISION.tar.gz, to be paired with the CPU record's
+#   cells as the TF32 check was (uci.repeated_cells). Done for "high" on an H200 (packs/h200-2026-11-28-b):
+#   worse than the CPU's float32 cells (paired, 7 of 7 splits, p = 0.02 RMSE, 0.006 MNLL), as TF32 was: on
+#   an NVIDIA GPU, XLA computes "high" with TF32 products;
 #   BOOTENS_DATA_DIR (default: .bootens_cache/uci-data, carried to the machine)
 set -u
 commit=${1:?usage: bash results/paper/device.sh COMMIT [window arguments...]}
 shift
-window_s=${WINDOW_S:-530}; processes=${PROCESSES:-6}; bench_s=${BENCH_S:-60}; precision_s=${PRECISION_S:-240}
+window_s=${WINDOW_S:-530}; processes=${PROCESSES:-6}; bench_s=${BENCH_S:-60}; precision_s=${PRECISION_S:-0}
+precision=${PRECISION:-high}
 out=${OUT:-bootens-out/window}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 BOOTENS_GIT_COMMIT=$commit
@@ -35,9 +38,10 @@ if [ "$budget" -lt 10 ]; then
 fi
 work=$(mktemp -d)
 if [ "$precision_s" -gt 0 ]; then
-  JAX_DEFAULT_MATMUL_PRECISION=high XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout "$precision_s" \
+  JAX_DEFAULT_MATMUL_PRECISION=$precision XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout "$precision_s" \
       $py -m bootens_core.repro.cli run uci --profile paper --quiet --datasets yacht --methods ensemble-1 \
-      --set max_splits=7 --time-budget $(( precision_s - 30 )) --pack "$out/high.tar.gz" > "$out/high.log" 2>&1 &
+      --set max_splits=7 --time-budget $(( precision_s - 30 )) --pack "$out/$precision.tar.gz" \
+      > "$out/$precision.log" 2>&1 &
 fi
 $py -m bootens_core.repro.experiments.uci.window --budget "$budget" --processes "$processes" --out "$work" "$@" \
     2>&1 | tee "$out/window.log"

@@ -154,3 +154,34 @@ def test_device_script_runs_end_to_end_on_a_cpu(tmp_path):
             assert rec["provenance"]["git_commit"] == "test-commit" and rec["dataset"] == "yacht"
     # the first stage's one cell is shard 0's (of 2), estimated at the given 5 s: it fits and runs
     assert ran["ensemble-1-0.tar.gz"] == 1, ran
+
+
+@pytest.mark.parametrize("caller", [None, "true"])
+def test_the_planning_parent_does_not_preallocate_but_its_workers_do(tmp_path, monkeypatch, caller):
+    # on one GPU the parent's default share (75%) left the workers' shares no room: the parent plans with
+    # preallocation off; each worker gets its fraction and preallocates it, unless the caller said otherwise
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "unset")  # main() sets it; monkeypatch restores it
+    if caller is None:
+        monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE")
+    else:
+        monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", caller)
+    monkeypatch.setenv("BOOTENS_CACHE_DIR", str(tmp_path / "cache"))
+    seen = []
+
+    class Worker:
+        def __init__(self, cmd, stdout, stderr, env):
+            seen.append((os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"), env))
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(window.subprocess, "Popen", Worker)
+    records = tmp_path / "records"
+    records.mkdir()
+    code = window.main(["--budget", "1", "--processes", "2", "--out", str(tmp_path / "out"),
+                        "--records", str(records), *TINY, "--stages", "ensemble-1"])
+    assert code == 0 and len(seen) == 2
+    for parent, env in seen:
+        assert parent == "false"
+        assert env.get("XLA_PYTHON_CLIENT_PREALLOCATE") == caller
+        assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.400"
