@@ -154,11 +154,12 @@ def test_a_byte_of_the_line_search_changes_the_ensemble_keys_only(tmp_path):
 @pytest.mark.parametrize(
     ("backend", "precision", "float32"),
     [("cpu", None, True), ("cpu", "high", True), ("gpu", "highest", True), ("gpu", "float32", True),
-     ("gpu", None, False), ("gpu", "high", False), ("gpu", "tensorfloat32", False), ("tpu", "bfloat16", False)],
+     ("gpu", None, False), ("gpu", "high", False), ("gpu", "tensorfloat32", False),
+     ("tpu", "bfloat16", False)],
 )
 def test_cell_keys_keep_reduced_products_apart_and_float32_together(backend, precision, float32, monkeypatch):
-    # a GPU set to "highest" computes float32 products in float32, as a CPU does whatever the setting: the same
-    # key; TF32 or bf16 passes (a GPU's default, "high", "bfloat16") get keys of their own
+    # a GPU set to "highest" computes float32 products in float32, as a CPU does whatever the setting: the
+    # same key; TF32 or bf16 passes (a GPU's default, "high", "bfloat16") get keys of their own
     cfg = UCIConfig()
     on_cpu = experiment._family_hash(cfg, "ensemble")  # this test runs on a CPU
     monkeypatch.setattr(experiment.jax, "default_backend", lambda: backend)
