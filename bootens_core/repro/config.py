@@ -294,12 +294,14 @@ class SGHMCConfig:
     The paper: ``lr`` 0.001, ``mdecay`` 0.01, ``burn_in`` 2000, one sample every ``thin`` = 2000 steps,
     ``restarts`` = 10 from prior draws, 200 samples (``draws`` per restart). The minibatch size is not given:
     20 is the reference implementation's default. ``lr_scaling``: how lr becomes the step eps on the full-data
-    gradient (see samplers.sghmc_model). "none" (eps = lr = 0.001, the Theano/TF reference code's convention)
-    leaves the restarts far apart after the paper's 42 000 steps (predictive R-hat ~3 on Boston and Yacht:
-    uci.sghmc_step_study, shown in the chapter); every profile uses "sqrt_lr" (eps = sqrt(lr) ~ 0.032, the
-    convention of one version of the PyTorch reference) -- a named deviation, which with minibatches of 20
-    loses most restarts to divergence on the larger datasets (results/paper/uci-mcd-sghmc/DIVERGENCE.md);
-    "none" stays runnable.
+    gradient (see samplers.sghmc_model). Every profile uses "none": eps = lr = 0.001, as the reference code reads
+    the paper's learning rate (pybnn's current PyTorch sampler, RoBO's Theano Bohamiann, whose default l_rate is
+    the paper's 1e-3, and pysgmcmc). No restart diverged at it in the cases examined, but the restarts stay far
+    apart after the paper's 42 000 steps (predictive R-hat ~3 on Boston and Yacht: uci.sghmc_step_study, shown
+    in the chapter) -- a limitation of the paper's setting. "sqrt_lr" (eps = sqrt(lr) ~ 0.032, the convention
+    of one pybnn version from October 2018 to February 2019) stays runnable; with minibatches of 20 it loses
+    restarts to divergence after the burn-in and heats the survivors
+    (results/paper/uci-sghmc-sqrt-lr/DIVERGENCE.md).
     """
 
     lr: float = 1e-3
@@ -309,7 +311,7 @@ class SGHMCConfig:
     restarts: int = 10
     draws: int = 20
     batch_size: int = 20
-    lr_scaling: str = "sqrt_lr"
+    lr_scaling: str = "none"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 __all__ = [
     "DEVIATIONS",
     "DEVICES",
+    "COST_RECORDS",
     "EVIDENCE_RECORDS",
     "EVIDENCE_RULE",
     "FAMILIES",
@@ -91,6 +92,9 @@ LABELS: dict[tuple[str, int], str] = {
 DEVICES: dict[str, str] = {"cpu": "CPU", "NVIDIA H100 80GB HBM3": "H100", "NVIDIA H200": "H200"}
 # The records of the paper's setting (folders under results/paper/).
 PAPER_RECORDS: tuple[str, ...] = ("uci", "uci-mcd-sghmc")
+# Records of other settings whose cells cost the work of the paper's, for the plan's seconds per cell: SGHMC
+# with the step sqrt(lr) runs the paper's steps, restarts and draws (the step size changes no work).
+COST_RECORDS: tuple[str, ...] = ("uci-sghmc-sqrt-lr",)
 # Records whose cells may serve as evidence that the paper's setting fails: the paper's records, and the
 # paper's prior at 4 layers on fewer particles (uci-4layer-prior/normal-1).
 EVIDENCE_RECORDS: tuple[str, ...] = ("uci", "uci-4layer-prior/normal-1")
@@ -612,13 +616,15 @@ def _rows(label: str, items: Sequence[tuple[str, int, int]], pool: Sequence[Cell
 
 
 def plan(cols: Sequence[Column], paper_records: Sequence[Record], deviation_records: Mapping[str, Record],
-         packs: Sequence[PackCell], deviations: Sequence[Deviation] = DEVIATIONS) -> list[PlanRow]:
+         packs: Sequence[PackCell], deviations: Sequence[Deviation] = DEVIATIONS,
+         cost_records: Sequence[Record] = ()) -> list[PlanRow]:
     """The remaining paper-scale cells: one row per column not complete at the paper's setting (cells left:
     splits without a counted cell, TF32 ones included), one per column a deviation record lacks splits of, and
     a total row per family and deviation (its denominator: every split of the family). Seconds per cell by
     device are the device seconds (:func:`device_seconds`) of the committed cells of the same method and depth
-    in the same kind of record, every cell measured (TF32 ones too); CPU hours and GPU minutes left are cells
-    left x the median."""
+    in the same kind of record, every cell measured (TF32 ones too), or in ``cost_records`` (records of other
+    settings that cost the same work, :data:`COST_RECORDS`); CPU hours and GPU minutes left are cells left x
+    the median."""
     from .config import UCIConfig
     from .experiment import cost_units
 
@@ -631,7 +637,8 @@ def plan(cols: Sequence[Column], paper_records: Sequence[Record], deviation_reco
     for method, layers in FAMILIES:
         mid = method if method == "gp" else f"{method}-{layers}"
         mine = [c for c in cols if (c.method, c.hidden_layers) == (method, layers)]
-        pool = [c for r in paper_records for c in r.cells if (c.method, c.hidden_layers) == (method, layers)]
+        pool = [c for r in (*paper_records, *cost_records) for c in r.cells
+                if (c.method, c.hidden_layers) == (method, layers)]
         items = [(c.dataset, c.n_splits - len(c.paper_splits), c.n_splits) for c in mine]
         rows += _rows(LABELS[(method, layers)], items, pool, mid, packs, cost)
         for dev in deviations:
@@ -763,7 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{f.with_deviations} of {f.n_columns} with deviations")
         print(count_text(cols))
     else:
-        print(plan_markdown(plan(cols, paper_recs, devs, packs)))
+        costs = [read_record(Path(args.results), n) for n in COST_RECORDS if (Path(args.results) / n).is_dir()]
+        print(plan_markdown(plan(cols, paper_recs, devs, packs, cost_records=costs)))
     return 0
 
 

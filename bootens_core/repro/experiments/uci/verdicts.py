@@ -95,7 +95,6 @@ def marks(
 # or None for all, dataset or None, metric or None) -> the mark a table entry carries.
 DEVIATION_MARKS: dict[tuple[str, int | None, str | None, str | None], str] = {
     ("ensemble", None, None, None): "zoom line search",
-    ("sghmc", None, None, None): "step √lr",
     ("gp", None, "protein", None): "SGPR for SVGP",
 }
 # Known artefacts: a difference that comes from a library setting, not the method.

@@ -208,6 +208,14 @@ def test_plan_rows_measured_scaled_and_totals(tmp_path):
     text = cv.plan_markdown(list(rows.values()))
     assert "| Bootstrap ensemble 1-layer, Boston | 1 of 3 | 20.0 (30.0) | — | — | 0.01 | — | — |" in text
     assert "| **Bootstrap ensemble 1-layer, all** | 5 of 7 |" in text
+    # a record of other settings that costs the same work (SGHMC at another step) times the column, and only
+    # that: it completes nothing
+    other = _write(tmp_path, "uci-sghmc-sqrt-lr", _paper_cfg(sghmc__lr_scaling="sqrt_lr"),
+                   _rows("boston", "sghmc", 1, range(3), wall=40.0))
+    costed = {r.label: r for r in cv.plan(cols, [paper], {}, (), cost_records=[other])}
+    sg = costed["SGHMC 1-layer, Boston"]
+    assert (sg.left, sg.of) == (3, 3) and sg.seconds["cpu"] == (40.0, 40.0, False)
+    assert sg.cpu_hours == pytest.approx(3 * 40.0 / 3600)
 
 
 def _csv_rows(name):

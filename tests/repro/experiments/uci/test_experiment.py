@@ -411,7 +411,7 @@ def test_sghmc_cell_on_yacht(monkeypatch):
     assert (rec["method"], rec["hidden_layers"]) == ("sghmc", 1)
     assert rec["n_components"] + rec["diverged_particles"] == 2 * 3
     assert rec["noise_var_std_units"] in (0.01, 0.1) and len(rec["val_mnll"]) == 2
-    assert rec["info"]["step_size"] == pytest.approx(math.sqrt(cfg.sghmc.lr))  # lr_scaling "sqrt_lr"
+    assert rec["info"]["step_size"] == pytest.approx(cfg.sghmc.lr)  # lr_scaling "none": eps = lr
     assert rec["info"]["batch_size"] == cfg.sghmc.batch_size
     assert all(math.isfinite(rec[k]) for k in ("test_rmse", "test_mnll", "coverage95"))
 
