@@ -11,7 +11,8 @@ import pandas as pd
 
 from ..report import Text
 
-__all__ = ["evaluate", "table", "particle_batch_table", "linesearch_table", "profile_table", "ci_timings_table"]
+__all__ = ["evaluate", "table", "particle_batch_table", "linesearch_table", "uci_dataset_table",
+           "profile_table", "ci_timings_table"]
 
 
 def table(doc: dict[str, Any]) -> pd.DataFrame:
@@ -77,6 +78,31 @@ def linesearch_table(doc: dict[str, Any]) -> pd.DataFrame:
             "max |Δ particles|": f"{r['max_abs_diff']:.1e}",
         })
     return pd.DataFrame(out).set_index(["network", "k", "line search"])
+
+def uci_dataset_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """``uci-dataset.json`` (``bootens bench --case uci-dataset``) as a table: per dataset, depth and L-BFGS
+    direction, one L-BFGS iteration of a whole dataset's problems (splits x sigma^2 x particles) — its median
+    milliseconds with the range of the timed repeats, XLA's FLOPs and bytes for it, the fractions of the
+    device's FLOP and bandwidth peaks they reach, which roof bounds it (the lower of the two at its arithmetic
+    intensity) and its fraction of that roof, and the share of the iteration spent evaluating the model."""
+    out = []
+    for r in doc["rows"]:
+        s, ms = r["seconds_spread"], 1e3
+        layers = r["hidden_layers"]
+        out.append({
+            "network": (f"{layers} hidden layer{'s' if layers != 1 else ''}, "
+                        f"{r['dataset']} ({r['n_rows']} rows)"),
+            "direction": r["direction"],
+            "problems": r["particles"],
+            "ms per iteration [min, max]": f"{r['seconds_per_iteration'] * ms:.3g} [{s['min'] * ms:.3g}, "
+                                           f"{s['max'] * ms:.3g}]",
+            "GFLOP / GB": f"{r['flops_per_iteration'] / 1e9:.3g} / {r['bytes_per_iteration'] / 1e9:.3g}",
+            "of FLOP / bandwidth peak": f"{r['flop_fraction']:.1%} / {r['bandwidth_fraction']:.1%}",
+            "roof": f"{r['roof_level']}: {r['roofline_fraction']:.0%}",
+            "model share": f"{r['split']['model_eval_s'] / r['seconds_per_iteration']:.0%}",
+        })
+    return pd.DataFrame(out).set_index(["network", "direction"])
+
 
 def _device_name(doc: dict[str, Any]) -> str:
     dev = doc["device"]

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from bootens_core.repro import cli
-from bootens_core.repro.performance import bench, iteration
+from bootens_core.repro.performance import bench, iteration, verdicts
 
 
 def test_vendor_peaks_by_device_kind():
@@ -126,6 +126,17 @@ def test_cli_bench_uci_dataset(tmp_path: Path, capsys, monkeypatch):
     assert parts["model_eval_s"] > 0 and parts["two_loop_s"] > 0
     noise = sum(p["spread"]["q75"] - p["spread"]["q25"] for p in r["parts"].values())
     assert parts["line_search_bookkeeping_s"] >= -noise
+    # The chapter's table of the record: one row per direction, the numbers of the row as written
+    t = verdicts.uci_dataset_table(doc)
+    assert list(t.index) == [("1 hidden layer, boston (32 rows)", "compact"),
+                             ("1 hidden layer, boston (32 rows)", "two-loop")]
+    row = t.loc[("1 hidden layer, boston (32 rows)", "compact")]
+    assert row["problems"] == 4
+    assert row["ms per iteration [min, max]"].startswith(f"{r['seconds_per_iteration'] * 1e3:.3g} [")
+    assert row["of FLOP / bandwidth peak"] == f"{r['flop_fraction']:.1%} / {r['bandwidth_fraction']:.1%}"
+    assert row["GFLOP / GB"] == f"{r['flops_per_iteration'] / 1e9:.3g} / {r['bytes_per_iteration'] / 1e9:.3g}"
+    assert row["roof"] == f"{r['roof_level']}: {r['roofline_fraction']:.0%}"
+    assert row["model share"] == f"{parts['model_eval_s'] / r['seconds_per_iteration']:.0%}"
 
 
 def test_cli_bench_uci_dataset_bad_input(tmp_path: Path, capsys):
