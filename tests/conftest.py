@@ -107,15 +107,15 @@ def publish() -> Callable[..., None]:
 
 # What a chapter's first cell does before its run, then the run with the cache off, saved for the parent.
 _CHAPTER_RUN = """
-import importlib, pickle, sys
+import pickle, sys
 import jax
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_default_matmul_precision", "highest")
-from bootens_core.repro import store
+from bootens_core.repro import experiments, store
 name, out = sys.argv[1], sys.argv[2]
 with open(out + "/config.pkl", "rb") as f:
     cfg = pickle.load(f)
-experiment = importlib.import_module("bootens_core.repro.experiments." + name)
+experiment = experiments.get(name)  # the registry's name ("deep-relu"), not the module's
 store.save(experiment.run(jax.random.key(cfg.seed), cfg, use_cache=False), out + "/result")
 """
 

@@ -131,6 +131,10 @@ def _setting_summary(m: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
+# Relative rounding allowance of a closed-form rate that sums terms up to its largest magnitude (float64).
+_ROUNDING = 1e-12
+
+
 def _linear_setting(key, cfg, progress, perturbed):
     k_omega, k_data, k_ens, k_terms, k_lemma = jax.random.split(key, 5)
     omega = synthetic.trig_frequencies(k_omega, cfg.lin_features, cfg.lin_lengthscale)
@@ -169,7 +173,10 @@ def _linear_setting(key, cfg, progress, perturbed):
         "theorem1_max_abs_err_vs_its_expectation": float(np.max(np.abs(m["t1_rate"] - m["exact_t1_rate"]))),
         "theorem1_max_z_vs_its_expectation": float(np.max(
             np.abs(m["t1_rate"] - m["exact_t1_rate"]) / np.maximum(m["t1_rate_se"], 1e-300))),
-        "frac_steps_kl_decreasing_exact": float(np.mean(m["exact_rate"] <= 0)),
+        # decreasing up to float64 rounding: near convergence the exact rate is 0 to within a few ulps of the
+        # sums it is made of, whose terms are as large as its largest magnitude
+        "frac_steps_kl_decreasing_exact": float(np.mean(
+            m["exact_rate"] <= _ROUNDING * np.max(np.abs(m["exact_rate"])))),
         "exact_kl_initial": float(m["exact_kl"][0]),
         "exact_kl_final": float(m["exact_kl"][-1]),
         "trace_A": float(np.sum(post.lam) + (post.V.shape[0] - post.lam.size) / cfg.prior_var),
