@@ -174,8 +174,9 @@ def provenance(wall_time_s: float | None = None) -> dict[str, Any]:
 
 
 def save(result: Result, directory: str | os.PathLike[str]) -> Path:
-    """Write ``result`` into ``directory`` atomically (temporary sibling, then rename). What else the folder
-    holds (a note, a script beside the record) is kept: only the files this save writes are replaced."""
+    """Write ``result`` into ``directory`` atomically (temporary sibling, then rename). The record's files are
+    replaced, its ``*.csv`` files among them (:func:`load` reads every one as the record's); whatever else the
+    folder holds (a note, a script, a folder of a study beside the record) is kept."""
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -191,8 +192,8 @@ def save(result: Result, directory: str | os.PathLike[str]) -> Path:
                 raise ValueError(f"extra result files must be plain *.csv names, got {fname!r}")
             (tmp / fname).write_text(text)
         if target.exists():
-            for entry in target.iterdir():  # files the record does not write (a note, a probe) stay
-                if not (tmp / entry.name).exists():
+            for entry in target.iterdir():  # what the record does not write (a note, a study) stays
+                if not (tmp / entry.name).exists() and not (entry.is_file() and entry.suffix == ".csv"):
                     if entry.is_dir() and not entry.is_symlink():
                         shutil.copytree(entry, tmp / entry.name, symlinks=True)
                     else:

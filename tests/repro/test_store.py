@@ -117,9 +117,11 @@ def test_overwrite(tmp_path):
 
 
 def test_overwrite_keeps_what_the_record_does_not_write(tmp_path):
-    # a note, a script and a folder beside a record survive its rewrite; the record's own files are replaced
+    # a note, a script and a folder beside a record survive its rewrite; the record's own files are replaced,
+    # a top-level CSV among them (load reads each as one of the record's files)
     target = tmp_path / "demo"
     store.save(_result(1.0), target)
+    (target / "stale.csv").write_text("a\n1\n")
     (target / "NOTES.md").write_text("why the cells diverge\n")
     (target / "probe.py").write_text("print(1)\n")
     (target / "traces").mkdir()
@@ -129,6 +131,7 @@ def test_overwrite_keeps_what_the_record_does_not_write(tmp_path):
     assert (target / "NOTES.md").read_text() == "why the cells diverge\n"
     assert (target / "probe.py").read_text() == "print(1)\n"
     assert (target / "traces" / "a.csv").read_text() == "x\n1\n"
+    assert not (target / "stale.csv").exists()
     assert _leftovers(tmp_path, "demo") == []
 
 

@@ -10,7 +10,7 @@ update ``v <- (1 - C) v - eps^2 M^-1 H theta; theta <- theta + v`` is stable iff
 here). ``--fine-from T``: from step T on, one line per step with ``h`` of the step's own minibatch.
 
     BOOTENS_DATA_DIR=/work/main/.bootens_cache/uci-data nice -n 19 .venv/bin/python \\
-        results/paper/uci-sghmc-sqrt-lr/divergence_trace.py --dataset wine --split 1 --noise-var 0.1 --restart 0
+        results/paper/uci-sghmc-sqrt-lr/study/divergence_trace.py --dataset wine --split 1 --noise-var 0.1 --restart 0
 """
 
 from __future__ import annotations

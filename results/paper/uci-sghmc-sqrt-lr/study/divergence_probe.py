@@ -9,7 +9,7 @@ Prints one JSON line per run: the restarts that diverged (of 10), the first non-
 is steps 0 .. burn_in - 1), the median frozen preconditioner M^-1 and the wall time.
 
     BOOTENS_DATA_DIR=/work/main/.bootens_cache/uci-data nice -n 19 .venv/bin/python \\
-        results/paper/uci-sghmc-sqrt-lr/divergence_probe.py --dataset wine --split 1 --noise-var 1e-4 1e-2 1 \\
+        results/paper/uci-sghmc-sqrt-lr/study/divergence_probe.py --dataset wine --split 1 --noise-var 1e-4 1e-2 1 \\
         --lr-scaling sqrt_lr none --batch 20 --draws 20
 """
 
