@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .extras import install_hint
 from .models import Model, Params
 
 __all__ = ["from_apply", "from_flax_linen", "from_flax_nnx", "from_equinox", "layer_prior"]
@@ -102,8 +103,8 @@ def _require(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(f"this adapter needs {module.split('.')[0]} ({err}): pip install "
-                                  f'"bootens[{extra}]"', name=err.name) from err
+        raise ModuleNotFoundError(f"this adapter needs {module.split('.')[0]} ({err}): "
+                                  f"{install_hint(extra, [extra])}", name=err.name) from err
 
 
 def _flat_output(out: jax.Array) -> jax.Array:

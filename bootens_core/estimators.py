@@ -22,7 +22,7 @@ climbing the same unperturbed log joint): the baseline that differs from Algorit
 Settings are checked in ``fit`` (scikit-learn's convention: ``__init__`` only stores them) and a bad one
 raises one ``ValueError`` naming it. Computation is in JAX's default float (float32 unless JAX's 64-bit mode
 is on; see :func:`bootens_core.models.float_dtype`). This module needs scikit-learn (``pip install
-"bootens[sklearn]"``); the rest of the library does not.
+scikit-learn``, or in a checkout ``pip install ".[sklearn]"``); the rest of the library does not.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp, ndtr
+
+from .extras import install_hint
+
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
     from sklearn.exceptions import ConvergenceWarning
@@ -47,18 +50,26 @@ try:
     from sklearn.utils.multiclass import check_classification_targets
     from sklearn.utils.validation import check_is_fitted, validate_data
 except ModuleNotFoundError as err:
-    raise ModuleNotFoundError(f"bootens_core.estimators needs scikit-learn ({err}): pip install "
-                              '"bootens[sklearn]"', name=err.name) from err
+    raise ModuleNotFoundError(f"bootens_core.estimators needs scikit-learn ({err}): "
+                              f"{install_hint('sklearn', ['scikit-learn'])}", name=err.name) from err
 
 from . import classification, ensemble, metrics, persist
 from .checks import DivergedParticlesError
 from .models import ACTIVATIONS, Model, mlp
 
-__all__ = ["BootstrapEnsembleRegressor", "BootstrapEnsembleClassifier", "load", "OPTIMIZERS", "NOISE_GRID"]
+__all__ = ["BootstrapEnsembleRegressor", "BootstrapEnsembleClassifier", "load", "OPTIMIZERS", "NOISE_GRID",
+           "PREDICT_ROWS"]
 
 #: The optimizers an estimator takes (``"lbfgs"`` is optax's L-BFGS with its zoom line search, the UCI
 #: chapter's choice; the others are optax's, one update per step).
 OPTIMIZERS = ("adam", "adagrad", "sgd", "lbfgs")
+
+#: Rows per compiled call of the prediction (the last block padded with zeros). One shape for every input:
+#: one compilation per architecture, and a row's outputs the same whatever rows come with it. In float32
+#: XLA:CPU's products sum in an order that depends on the matrix's shape and on where a row falls in the
+#: kernel's tiles (a row-permuted input of 20 rows changed one prediction by 2 ulps, failing scikit-learn's
+#: ``check_methods_sample_order_invariance`` at its 1e-7); blocks of a fixed multiple of the tiles do not.
+PREDICT_ROWS = 256
 
 #: The default grid of ``sigma^2`` (in units of the standardised labels: fractions of their variance) from
 #: which ``noise_var="auto"`` selects.
@@ -162,12 +173,19 @@ class _Base(BaseEstimator):
         return jnp.asarray((x - self.x_mean_) / self.x_scale_, self.particles_[0]["w"].dtype)
 
     def _outputs(self, X: Any) -> np.ndarray:
-        """The particles' network outputs at ``X``: ``(k, n)`` or ``(k, n, C)``."""
+        """The particles' network outputs at ``X``: ``(k, n)`` or ``(k, n, C)``, computed
+        :data:`PREDICT_ROWS` rows at a time (the last block padded), so that a row's outputs do not depend on
+        how many rows come with it, nor where (see :data:`PREDICT_ROWS`)."""
         x = self._x(X)
         out_dim = self.particles_[-1]["w"].shape[-1]
         fwd = _forward(self.n_features_in_, tuple(p["w"].shape[-1] for p in self.particles_[:-1]),
                        self.activation, out_dim)
-        return np.asarray(fwd(jax.tree.map(jnp.asarray, self.particles_), x), np.float64)
+        params = jax.tree.map(jnp.asarray, self.particles_)
+        n = x.shape[0]
+        padded = jnp.pad(x, ((0, -n % PREDICT_ROWS), (0, 0)))
+        blocks = [np.asarray(fwd(params, padded[i : i + PREDICT_ROWS]), np.float64)
+                  for i in range(0, padded.shape[0], PREDICT_ROWS)]
+        return np.concatenate(blocks, axis=1)[:, :n] if blocks else np.asarray(fwd(params, x), np.float64)
 
     def _keep(self, res: ensemble.EnsembleResult) -> None:
         """Store the trained particles, dropping diverged ones (with a warning; all diverged: an error)."""
@@ -205,8 +223,9 @@ class _Base(BaseEstimator):
     def save(self, path: str | os.PathLike[str]) -> os.PathLike[str]:
         """Write the fitted ensemble to ``path`` (format: :mod:`bootens_core.persist`); returns the path.
 
-        The file holds the settings, the standardisation, the particles and the fitted diagnostics; a
-        ``random_state`` that is a ``RandomState`` instance is saved as ``None``.
+        The file holds the settings, the standardisation, the particles, the fitted diagnostics and the
+        input's column names (``feature_names_in_``, when fitted on a DataFrame); a ``random_state`` that is a
+        ``RandomState`` instance is saved as ``None``.
         """
         check_is_fitted(self, "particles_")
         arrays = {f"particles/{i}/{name}": leaf for i, layer in enumerate(self.particles_)
@@ -216,12 +235,15 @@ class _Base(BaseEstimator):
         arrays.update(self._saved_arrays())
         fitted = {"n_features_in": int(self.n_features_in_), "n_layers": len(self.particles_),
                   **self._saved_fitted()}
+        if hasattr(self, "feature_names_in_"):  # fitted on a DataFrame: its column names, checked by predict
+            fitted["feature_names_in"] = [str(name) for name in self.feature_names_in_]
         return persist.write(path, type(self).__name__, self._config(), fitted, arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]):
         """Read an ensemble :meth:`save` wrote; raises :class:`bootens_core.persist.IncompatibleFileError`
-        for a file that is not one, of another estimator, or in a format this version cannot read."""
+        for a file that is not one, of another estimator, in a format this version cannot read, or with a
+        setting ``fit`` would refuse (one edited into the file by hand)."""
         saved = persist.read(path, kind=cls.__name__)
         cfg = dict(saved.config)
         for name in ("hidden_layer_sizes", "noise_grid"):
@@ -229,6 +251,13 @@ class _Base(BaseEstimator):
                 cfg[name] = tuple(cfg[name])
         try:
             est = cls(**cfg)
+        except TypeError as err:
+            raise persist.IncompatibleFileError(f"{path}: its settings do not fit {cls.__name__} ({err})") from None
+        try:
+            est._checked()
+        except ValueError as err:
+            raise persist.IncompatibleFileError(f"{path}: a setting in it is invalid: {err}") from None
+        try:
             a, fitted = saved.arrays, saved.fitted
             est.n_features_in_ = int(fitted["n_features_in"])
             est.particles_ = [{name: a[f"particles/{i}/{name}"] for name in ("w", "b")}
@@ -236,6 +265,8 @@ class _Base(BaseEstimator):
             est.x_mean_, est.x_scale_ = a["x_mean"], a["x_scale"]
             est.diverged_, est.loss_curve_ = a["diverged"], a["loss_curve"]
             est.n_particles_ = int(est.particles_[0]["w"].shape[0])
+            if fitted.get("feature_names_in") is not None:
+                est.feature_names_in_ = np.asarray(fitted["feature_names_in"], dtype=object)
             est._restore(a, fitted)
         except (KeyError, TypeError) as err:
             raise persist.IncompatibleFileError(
@@ -287,6 +318,7 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
         y_mean_: the labels' mean.
         y_scale_: the labels' standard deviation (1 for constant labels).
         n_features_in_: the number of input columns.
+        feature_names_in_: the input's column names, when fitted on a DataFrame with string column names.
     """
 
     def __init__(self, hidden_layer_sizes: Sequence[int] = (50,), activation: str = "relu",
@@ -311,6 +343,18 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
             raise ValueError(f"noise_grid must be a non-empty sequence of positive numbers, got {grid!r}")
         return tuple(_positive("every noise_grid value", v) for v in grid)
 
+    def _checked(self) -> tuple[dict[str, Any], float | None, tuple[float, ...] | None, float]:
+        """Every setting checked as ``fit`` uses it: the shared ones, the noise variance (``None``: "auto"),
+        the grid (with "auto") and the validation fraction."""
+        s = self._settings()
+        noise = self._noise()
+        grid = self._grid() if noise is None else None
+        fraction = self.validation_fraction
+        if noise is None and (isinstance(fraction, bool) or not isinstance(fraction, numbers.Real)
+                              or not 0 < fraction < 1):
+            raise ValueError(f"validation_fraction must lie in (0, 1), got {fraction!r}")
+        return s, noise, grid, fraction
+
     def _train(self, key: jax.Array, s: dict[str, Any], x: np.ndarray, y: np.ndarray,
                noise_var: float) -> ensemble.EnsembleResult:
         model = self._model(s, x.shape[1], 1)
@@ -322,13 +366,7 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
     def fit(self, X: Any, y: Any) -> BootstrapEnsembleRegressor:
         """Standardise ``X`` (per column) and ``y``, select ``sigma^2`` if ``noise_var="auto"``, train the
         ensemble; returns ``self``."""
-        s = self._settings()
-        noise = self._noise()
-        grid = self._grid() if noise is None else None
-        fraction = self.validation_fraction
-        if noise is None and (isinstance(fraction, bool) or not isinstance(fraction, numbers.Real)
-                              or not 0 < fraction < 1):
-            raise ValueError(f"validation_fraction must lie in (0, 1), got {fraction!r}")
+        s, noise, grid, fraction = self._checked()
         X, y = validate_data(self, X, y, y_numeric=True, dtype=[np.float64, np.float32])
         n = X.shape[0]
         plural = "s" if n != 1 else ""
@@ -460,19 +498,35 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
     :func:`bootens_core.classification.transform`) that Algorithm 1 fits with one network output per class;
     a particle predicts ``softmax(f(x) + m)`` and the ensemble the mean of its particles.
 
-    Its settings are those of :class:`BootstrapEnsembleRegressor` but ``noise_var``, ``noise_grid`` and
-    ``validation_fraction`` (the transform gives every label its own variance), and
-
     Parameters:
+        hidden_layer_sizes: widths of the hidden layers (``()``: a linear model of the latent values).
+        activation: one of ``relu``, ``tanh``, ``sigmoid``, ``gelu``, ``identity``.
+        n_particles: ensemble size ``k``.
+        weight_var, bias_var: prior variances of the weights and biases (``N(0, var)`` per parameter).
+        scale_by_fan_in: if true (the default), a layer's weight variance is ``weight_var / fan_in``.
         alpha_eps: the Dirichlet regularisation ``alpha = one_hot(y) + alpha_eps`` (the paper's 0.01; the
-            classification chapter measures how it sets the spread of the probabilities).
+            classification chapter measures how it sets the spread of the probabilities). The transform
+            gives every label its own variance, so there is no ``noise_var`` to select.
+        optimizer: ``"lbfgs"`` (the default: optax's L-BFGS with a zoom line search), ``"adam"``,
+            ``"adagrad"`` or ``"sgd"``.
+        learning_rate: the optimizer's step size (L-BFGS: its first trial step).
+        steps: optimizer steps per particle (``loss_curve_`` shows whether they were enough).
+        perturb: ``False`` trains the plain ensemble (no perturbation: random starts, one log joint).
+        random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
+            ensemble on the same machine.
+        progress: show a progress bar while training.
 
     Attributes:
         classes_: the class labels, in the order of ``predict_proba``'s columns.
         offset_: ``(n_classes,)`` the class offsets ``m`` added to the networks' outputs.
-
-    and ``particles_``, ``n_particles_``, ``diverged_``, ``loss_curve_``, ``x_mean_``, ``x_scale_`` and
-    ``n_features_in_`` as the regressor's.
+        particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``.
+        n_particles_: the particles kept (``n_particles`` less the diverged ones).
+        diverged_: ``(n_particles,)`` booleans, the particles that diverged (left out of every prediction).
+        loss_curve_: ``(steps, n_particles)`` values of every particle's objective before each step.
+        x_mean_: ``(n_features_in_,)`` the inputs' column means.
+        x_scale_: ``(n_features_in_,)`` their standard deviations (1 for a constant column).
+        n_features_in_: the number of input columns.
+        feature_names_in_: the input's column names, when fitted on a DataFrame with string column names.
     """
 
     def __init__(self, hidden_layer_sizes: Sequence[int] = (50,), activation: str = "relu",
@@ -483,10 +537,13 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
                  progress: bool = False):
         self._store_settings(locals())
 
+    def _checked(self) -> tuple[dict[str, Any], float]:
+        """Every setting checked as ``fit`` uses it: the shared ones and ``alpha_eps``."""
+        return self._settings(), _positive("alpha_eps", self.alpha_eps)
+
     def fit(self, X: Any, y: Any) -> BootstrapEnsembleClassifier:
         """Standardise ``X`` (per column), transform the labels, train the ensemble; returns ``self``."""
-        s = self._settings()
-        alpha_eps = _positive("alpha_eps", self.alpha_eps)
+        s, alpha_eps = self._checked()
         X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
         check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)

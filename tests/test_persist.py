@@ -116,6 +116,43 @@ def test_other_files_are_refused(regressor, tmp_path):
         load(tmp_path / "cut.npz")
 
 
+@pytest.mark.parametrize(("setting", "value", "match"), [
+    ("n_particles", -3, "n_particles must be an integer"),
+    ("activation", "swish", "activation must be one of"),
+    ("noise_grid", [], "noise_grid must be a non-empty sequence"),
+    ("no_such_setting", 1, "do not fit BootstrapEnsembleRegressor"),
+])
+def test_a_setting_edited_into_the_file_is_refused_by_name(regressor, tmp_path, setting, value, match):
+    est, _ = regressor
+    path = est.save(tmp_path / "reg.npz")
+    with np.load(path) as npz:
+        header = json.loads(str(npz["__header__"][()]))
+    config = dict(header["config"], **{setting: value})
+    _rewrite_header(path, tmp_path / "edited.npz", config=config)
+    with pytest.raises(persist.IncompatibleFileError, match=match) as err:
+        load(tmp_path / "edited.npz")
+    assert "edited.npz" in str(err.value)
+
+
+def test_column_names_survive_saving(tmp_path):
+    pd = pytest.importorskip("pandas")
+    x, y = _regression()
+    frame = pd.DataFrame(x, columns=["age", "dose"])
+    est = BootstrapEnsembleRegressor(**_SMALL, noise_var=0.1, random_state=0).fit(frame, y)
+    again = load(est.save(tmp_path / "reg.npz"))
+    np.testing.assert_array_equal(again.feature_names_in_, ["age", "dose"])
+    assert again.feature_names_in_.dtype == object
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # before: "X has feature names, but ... was fitted without"
+        np.testing.assert_array_equal(again.predict(frame), est.predict(frame))
+    with pytest.raises(ValueError, match="feature names"):
+        again.predict(frame.rename(columns={"dose": "weight"}))
+    plain = load(BootstrapEnsembleRegressor(**_SMALL, noise_var=0.1).fit(x, y).save(tmp_path / "plain.npz"))
+    assert not hasattr(plain, "feature_names_in_")
+
+
 def test_write_checks_what_it_writes(tmp_path):
     with pytest.raises(TypeError, match="JSON"):
         persist.write(tmp_path / "a.npz", "x", {"f": object()}, {}, {})

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..extras import install_hint
+
 __all__ = ["DATASETS", "ClassificationSplit", "load", "split"]
 
 #: The datasets by name, each with its scikit-learn loader and a description.
@@ -38,7 +40,8 @@ def load(name: str) -> tuple[np.ndarray, np.ndarray, str]:
     try:
         from sklearn import datasets
     except ImportError as exc:  # pragma: no cover - the `data` extra installs it
-        raise ImportError("the real classification datasets need scikit-learn (pip install 'bootens[data]')") from exc
+        raise ImportError("the real classification datasets need scikit-learn: "
+                          + install_hint("data", ["scikit-learn"])) from exc
     loader, desc = DATASETS[name]
     bunch = getattr(datasets, loader)()
     return np.asarray(bunch.data, np.float64), np.asarray(bunch.target, np.int64), desc

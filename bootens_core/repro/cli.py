@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..extras import install_hint
+
 __all__ = ["main", "DEFAULT_OUT", "MATMUL_PRECISION"]
 
 # Where `run` and `bench` write without --out: apart from results/, which holds the committed record.
@@ -668,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = _missing_repro_modules()
     if missing:
         print(f"bootens: the command rebuilds the paper and needs the reproduction extra (missing: "
-              f"{', '.join(missing)}): pip install \"bootens[repro]\"", file=sys.stderr)
+              f"{', '.join(missing)}): {install_hint('repro', missing)}", file=sys.stderr)
         return 2
     import jax
 
