@@ -79,6 +79,7 @@ def linesearch_table(doc: dict[str, Any]) -> pd.DataFrame:
         })
     return pd.DataFrame(out).set_index(["network", "k", "line search"])
 
+
 def uci_dataset_table(doc: dict[str, Any]) -> pd.DataFrame:
     """``uci-dataset.json`` (``bootens bench --case uci-dataset``) as a table: per dataset, depth and L-BFGS
     direction, one L-BFGS iteration of a whole dataset's problems (splits x sigma^2 x particles) — its median

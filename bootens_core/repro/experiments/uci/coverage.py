@@ -770,7 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{f.with_deviations} of {f.n_columns} with deviations")
         print(count_text(cols))
     else:
-        costs = [read_record(Path(args.results), n) for n in COST_RECORDS if (Path(args.results) / n).is_dir()]
+        root = Path(args.results)
+        costs = [read_record(root, n) for n in COST_RECORDS if (root / n).is_dir()]
         print(plan_markdown(plan(cols, paper_recs, devs, packs, cost_records=costs)))
     return 0
 
