@@ -55,7 +55,7 @@ except ModuleNotFoundError as err:
 
 from . import classification, ensemble, metrics, persist
 from .checks import DivergedParticlesError
-from .models import ACTIVATIONS, Model, mlp
+from .models import ACTIVATIONS, Model, mlp, program_key, template
 
 __all__ = ["BootstrapEnsembleRegressor", "BootstrapEnsembleClassifier", "load", "OPTIMIZERS", "NOISE_GRID",
            "PREDICT_ROWS"]
@@ -121,6 +121,36 @@ def _forward(in_dim: int, hidden: tuple[int, ...], activation: str, out_dim: int
     return jax.jit(jax.vmap(model.apply, in_axes=(0, None)))
 
 
+_OWN_FORWARD: dict[Any, Any] = {}
+
+
+def _own_forward(model: Model):
+    # One compiled forward pass per model of one's own, keyed as the ensemble drivers key their programs.
+    key = program_key(model)
+    if key not in _OWN_FORWARD:
+        _OWN_FORWARD[key] = jax.jit(jax.vmap(model.apply, in_axes=(0, None)))
+    return _OWN_FORWARD[key]
+
+
+def _checked_model(model: Any, x: np.ndarray, out_dim: int, owner: str) -> Model:
+    """``model`` after checking it is a :class:`~bootens_core.models.Model` mapping rows of ``x`` to the
+    outputs ``owner`` needs (``(n,)`` for one output, ``(n, out_dim)`` otherwise)."""
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a bootens_core.models.Model (models.mlp, models.Model(...) or an "
+                         f"adapter's result), got {type(model).__name__}")
+    row = jax.ShapeDtypeStruct((2, x.shape[1]), x.dtype)
+    try:
+        out = jax.eval_shape(model.apply, template(model, x.dtype), row)
+    except Exception as err:  # noqa: BLE001  (whatever the model's own code raises on these inputs)
+        raise ValueError(f"model cannot take inputs of {x.shape[1]} column(s), as X has: "
+                         f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+    want = (2,) if out_dim == 1 else (2, out_dim)
+    if tuple(out.shape) != want:
+        raise ValueError(f"model maps 2 rows of X to outputs of shape {tuple(out.shape)}; {owner} needs "
+                         f"{want} ({'one output a row' if out_dim == 1 else f'{out_dim} outputs a row, one a class'})")
+    return model
+
+
 class _Base(BaseEstimator):
     """What the regressor and the classifier share: the network, the optimizer, the particles."""
 
@@ -154,6 +184,8 @@ class _Base(BaseEstimator):
         return ensemble.optimizer(self.optimizer, s["learning_rate"])
 
     def _model(self, s: dict[str, Any], in_dim: int, out_dim: int) -> Model:
+        if self.model is not None:
+            return self.model  # checked by fit (_checked_model) against the data
         return _network(in_dim, s["hidden"], self.activation, out_dim, s["weight_var"], s["bias_var"],
                         s["scale_by_fan_in"])
 
@@ -170,16 +202,19 @@ class _Base(BaseEstimator):
     def _x(self, X: Any) -> jax.Array:
         check_is_fitted(self, "particles_")
         x = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
-        return jnp.asarray((x - self.x_mean_) / self.x_scale_, self.particles_[0]["w"].dtype)
+        return jnp.asarray((x - self.x_mean_) / self.x_scale_, jax.tree.leaves(self.particles_)[0].dtype)
 
     def _outputs(self, X: Any) -> np.ndarray:
         """The particles' network outputs at ``X``: ``(k, n)`` or ``(k, n, C)``, computed
         :data:`PREDICT_ROWS` rows at a time (the last block padded), so that a row's outputs do not depend on
         how many rows come with it, nor where (see :data:`PREDICT_ROWS`)."""
         x = self._x(X)
-        out_dim = self.particles_[-1]["w"].shape[-1]
-        fwd = _forward(self.n_features_in_, tuple(p["w"].shape[-1] for p in self.particles_[:-1]),
-                       self.activation, out_dim)
+        if self.model is not None:
+            fwd = _own_forward(self.model)
+        else:
+            out_dim = self.particles_[-1]["w"].shape[-1]
+            fwd = _forward(self.n_features_in_, tuple(p["w"].shape[-1] for p in self.particles_[:-1]),
+                           self.activation, out_dim)
         params = jax.tree.map(jnp.asarray, self.particles_)
         n = x.shape[0]
         padded = jnp.pad(x, ((0, -n % PREDICT_ROWS), (0, 0)))
@@ -200,8 +235,7 @@ class _Base(BaseEstimator):
                 f"left out of the predictions; lower learning_rate (now {self.learning_rate}) to keep them",
                 ConvergenceWarning, stacklevel=3)
         keep = ~diverged
-        self.particles_ = [{name: np.asarray(leaf)[keep] for name, leaf in layer.items()}
-                           for layer in res.params]
+        self.particles_ = jax.tree.map(lambda leaf: np.asarray(leaf)[keep], res.params)
         self.diverged_ = diverged
         self.n_particles_ = int(keep.sum())
         self.loss_curve_ = np.asarray(res.loss)
@@ -213,6 +247,8 @@ class _Base(BaseEstimator):
         for name, value in self.get_params(deep=False).items():
             if name == "random_state" and not (value is None or isinstance(value, numbers.Integral)):
                 value = None  # a RandomState instance: not restorable, and not needed to predict
+            elif name == "model":
+                value = None  # code, not data: passed again to load (the file records its structure)
             elif isinstance(value, np.generic):
                 value = value.item()
             elif isinstance(value, tuple):
@@ -225,27 +261,46 @@ class _Base(BaseEstimator):
 
         The file holds the settings, the standardisation, the particles, the fitted diagnostics and the
         input's column names (``feature_names_in_``, when fitted on a DataFrame); a ``random_state`` that is a
-        ``RandomState`` instance is saved as ``None``.
+        ``RandomState`` instance is saved as ``None``. A ``model`` of one's own is code, not data: the file
+        holds its particles and their structure, and :meth:`load` takes the model again (``model=``).
         """
         check_is_fitted(self, "particles_")
-        arrays = {f"particles/{i}/{name}": leaf for i, layer in enumerate(self.particles_)
-                  for name, leaf in layer.items()}
+        own = self.model is not None
+        if own:
+            leaves, treedef = jax.tree.flatten(self.particles_)
+            arrays = {f"particles/{j}": np.asarray(leaf) for j, leaf in enumerate(leaves)}
+        else:
+            arrays = {f"particles/{i}/{name}": leaf for i, layer in enumerate(self.particles_)
+                      for name, leaf in layer.items()}
         arrays.update(x_mean=self.x_mean_, x_scale=self.x_scale_, diverged=self.diverged_,
                       loss_curve=self.loss_curve_)
         arrays.update(self._saved_arrays())
-        fitted = {"n_features_in": int(self.n_features_in_), "n_layers": len(self.particles_),
-                  **self._saved_fitted()}
+        fitted = {"n_features_in": int(self.n_features_in_), **self._saved_fitted()}
+        if own:
+            fitted["own_model"] = {"name": self.model.name, "structure": str(treedef),
+                                   "shapes": [list(np.shape(leaf)[1:]) for leaf in leaves]}
+        else:
+            fitted["n_layers"] = len(self.particles_)
         if hasattr(self, "feature_names_in_"):  # fitted on a DataFrame: its column names, checked by predict
             fitted["feature_names_in"] = [str(name) for name in self.feature_names_in_]
         return persist.write(path, type(self).__name__, self._config(), fitted, arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]):
+    def load(cls, path: str | os.PathLike[str], model: Model | None = None):
         """Read an ensemble :meth:`save` wrote; raises :class:`bootens_core.persist.IncompatibleFileError`
-        for a file that is not one, of another estimator, in a format this version cannot read, or with a
-        setting ``fit`` would refuse (one edited into the file by hand)."""
+        for a file that is not one, of another estimator, in a format this version cannot read, with a
+        setting ``fit`` would refuse (one edited into the file by hand), or of a model of one's own when
+        ``model`` (the same network, whose particles the file holds) is not given or does not fit them."""
         saved = persist.read(path, kind=cls.__name__)
+        own = saved.fitted.get("own_model")
+        if own is None and model is not None:
+            raise persist.IncompatibleFileError(
+                f"{path}: its ensemble is of the estimator's own network; load it without model=")
+        if own is not None:
+            _check_own(path, own, model)
         cfg = dict(saved.config)
+        if own is not None:
+            cfg["model"] = model
         for name in ("hidden_layer_sizes", "noise_grid"):
             if isinstance(cfg.get(name), list):
                 cfg[name] = tuple(cfg[name])
@@ -260,11 +315,15 @@ class _Base(BaseEstimator):
         try:
             a, fitted = saved.arrays, saved.fitted
             est.n_features_in_ = int(fitted["n_features_in"])
-            est.particles_ = [{name: a[f"particles/{i}/{name}"] for name in ("w", "b")}
-                              for i in range(int(fitted["n_layers"]))]
+            if own is not None:
+                treedef = jax.tree.structure(template(model))
+                est.particles_ = jax.tree.unflatten(treedef, [a[f"particles/{j}"] for j in range(len(own["shapes"]))])
+            else:
+                est.particles_ = [{name: a[f"particles/{i}/{name}"] for name in ("w", "b")}
+                                  for i in range(int(fitted["n_layers"]))]
             est.x_mean_, est.x_scale_ = a["x_mean"], a["x_scale"]
             est.diverged_, est.loss_curve_ = a["diverged"], a["loss_curve"]
-            est.n_particles_ = int(est.particles_[0]["w"].shape[0])
+            est.n_particles_ = int(jax.tree.leaves(est.particles_)[0].shape[0])
             if fitted.get("feature_names_in") is not None:
                 est.feature_names_in_ = np.asarray(fitted["feature_names_in"], dtype=object)
             est._restore(a, fitted)
@@ -272,6 +331,23 @@ class _Base(BaseEstimator):
             raise persist.IncompatibleFileError(
                 f"{path}: the {cls.__name__} in it is incomplete ({err})") from None
         return est
+
+
+def _check_own(path: Any, own: dict[str, Any], model: Model | None) -> None:
+    """Refuse, naming the file, a ``model`` that is missing or whose parameters are not the saved ones'."""
+    if model is None:
+        raise persist.IncompatibleFileError(
+            f"{path} holds an ensemble of a network of one's own ({own['name']}): pass that network again, "
+            f"load(path, model=...)")
+    if not isinstance(model, Model):
+        raise persist.IncompatibleFileError(f"{path}: model must be a bootens_core.models.Model, got "
+                                            f"{type(model).__name__}")
+    leaves, treedef = jax.tree.flatten(template(model))
+    shapes = [list(leaf.shape) for leaf in leaves]
+    if str(treedef) != own["structure"] or shapes != own["shapes"]:
+        raise persist.IncompatibleFileError(
+            f"{path}: the model given does not fit the saved particles (parameters {str(treedef)} of shapes "
+            f"{shapes}; the file's: {own['structure']} of shapes {own['shapes']})")
 
 
 # -- regression ----------------------------------------------------------------------------------------------
@@ -302,9 +378,16 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
         random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
             ensemble on the same machine.
         progress: show a progress bar while training.
+        model: a network of one's own in place of the fully connected one (then ``hidden_layer_sizes``,
+            ``activation``, ``weight_var``, ``bias_var`` and ``scale_by_fan_in`` are not used): a
+            :class:`bootens_core.models.Model` -- ``models.mlp``, ``models.Model(apply, shapes, prior_var)`` or
+            an adapter's result (:mod:`bootens_core.adapters`: Flax, Equinox, any ``apply``) -- taking the
+            standardised inputs, ``(n, n_features)``, to ``(n,)`` outputs in the standardised labels' units. Standardisation, sigma^2 selection, intervals
+            and saving work as with the default network; :meth:`load` takes the model again.
 
     Attributes:
-        particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``.
+        particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``
+            (with ``model``: its parameters' pytree, each leaf with that leading axis).
         n_particles_: the particles kept (``n_particles`` less the diverged ones).
         diverged_: ``(n_particles,)`` booleans, the particles that diverged (left out of every prediction).
         noise_var_: the likelihood variance in the labels' units (``sigma^2 y_scale_^2``).
@@ -327,7 +410,7 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
                  noise_grid: Sequence[float] = NOISE_GRID, validation_fraction: float = 0.2,
                  optimizer: str = "lbfgs", learning_rate: float = 1.0, steps: int = 500,
                  perturb: bool = True, random_state: int | np.random.RandomState | None = None,
-                 progress: bool = False):
+                 progress: bool = False, model: Model | None = None):
         self._store_settings(locals())
 
     def _noise(self) -> float | None:
@@ -384,6 +467,8 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
         scale = float(y.std())
         self.y_scale_ = scale if scale > 0 else 1.0
         ys = ((y - self.y_mean_) / self.y_scale_).astype(dtype)
+        if self.model is not None:
+            _checked_model(self.model, x, 1, type(self).__name__)
         k_split, k_val, k_fit = jax.random.split(self._key(), 3)
         self.validation_mnll_ = None
         if noise is None:
@@ -515,11 +600,18 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
         random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
             ensemble on the same machine.
         progress: show a progress bar while training.
+        model: a network of one's own in place of the fully connected one (then ``hidden_layer_sizes``,
+            ``activation``, ``weight_var``, ``bias_var`` and ``scale_by_fan_in`` are not used): a
+            :class:`bootens_core.models.Model` -- ``models.mlp``, ``models.Model(apply, shapes, prior_var)`` or
+            an adapter's result (:mod:`bootens_core.adapters`: Flax, Equinox, any ``apply``) -- taking the
+            standardised inputs, ``(n, n_features)``, to ``(n, n_classes)`` latent values, one a class. Standardisation, intervals
+            and saving work as with the default network; :meth:`load` takes the model again.
 
     Attributes:
         classes_: the class labels, in the order of ``predict_proba``'s columns.
         offset_: ``(n_classes,)`` the class offsets ``m`` added to the networks' outputs.
-        particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``.
+        particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``
+            (with ``model``: its parameters' pytree, each leaf with that leading axis).
         n_particles_: the particles kept (``n_particles`` less the diverged ones).
         diverged_: ``(n_particles,)`` booleans, the particles that diverged (left out of every prediction).
         loss_curve_: ``(steps, n_particles)`` values of every particle's objective before each step.
@@ -534,7 +626,7 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
                  scale_by_fan_in: bool = True, alpha_eps: float = classification.ALPHA_EPS,
                  optimizer: str = "lbfgs", learning_rate: float = 1.0, steps: int = 500,
                  perturb: bool = True, random_state: int | np.random.RandomState | None = None,
-                 progress: bool = False):
+                 progress: bool = False, model: Model | None = None):
         self._store_settings(locals())
 
     def _checked(self) -> tuple[dict[str, Any], float]:
@@ -553,6 +645,8 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
         dtype = jnp.zeros(()).dtype
         x = self._fit_x(np.asarray(X, np.float64)).astype(dtype)
         c = int(self.classes_.size)
+        if self.model is not None:
+            _checked_model(self.model, x, c, type(self).__name__)
         fit = classification.train(self._key(), self._model(s, x.shape[1], c), x, codes,
                                    n_particles=s["n_particles"], opt=self._opt(s), steps=s["steps"],
                                    n_classes=c, alpha_eps=alpha_eps,
@@ -600,10 +694,12 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
         self.offset_ = a["offset"]
 
 
-def load(path: str | os.PathLike[str]) -> BootstrapEnsembleRegressor | BootstrapEnsembleClassifier:
-    """Read an ensemble file whatever estimator saved it (:mod:`bootens_core.persist`)."""
+def load(path: str | os.PathLike[str], model: Model | None = None
+         ) -> BootstrapEnsembleRegressor | BootstrapEnsembleClassifier:
+    """Read an ensemble file whatever estimator saved it (:mod:`bootens_core.persist`); ``model``: the network
+    of one's own it was fitted with, if any."""
     kind = persist.read(path).kind
     classes = {c.__name__: c for c in (BootstrapEnsembleRegressor, BootstrapEnsembleClassifier)}
     if kind not in classes:
         raise persist.IncompatibleFileError(f"{path} holds a {kind}, which no estimator here loads")
-    return classes[kind].load(path)
+    return classes[kind].load(path, model=model)

@@ -283,3 +283,72 @@ def test_a_rows_prediction_does_not_depend_on_the_other_rows_in_float32():
             np.testing.assert_array_equal(std_p, std[perm])
             for m in (1, n_test // 2 + 1):
                 np.testing.assert_array_equal(est.predict(xt[:m]), mean[:m])
+
+
+def _own_model(in_dim: int, out_dim: int = 1):
+    import jax.numpy as jnp
+
+    from bootens_core import models
+
+    def apply(p, x):
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        return h @ p["w2"] if out_dim == 1 else h @ p["w2"].reshape(-1, out_dim)
+
+    return models.Model(apply, shapes={"w1": (in_dim, 12), "b1": (12,), "w2": (12 * out_dim,)},
+                        prior_var={"w1": 1.0 / in_dim, "b1": 1.0, "w2": 1.0 / 12}, name="tanh-12")
+
+
+def test_a_network_of_ones_own_keeps_selection_intervals_and_saving(tmp_path):
+    from sklearn.base import clone
+
+    from bootens_core import persist
+    from bootens_core.estimators import load
+
+    x, y = _regression()
+    mine = _own_model(x.shape[1])
+    est = BootstrapEnsembleRegressor(model=mine, n_particles=6, steps=60, optimizer="adam", learning_rate=0.05,
+                                     noise_grid=(0.01, 0.1, 1.0), random_state=0).fit(x, y)
+    assert set(est.particles_) == {"w1", "b1", "w2"} and est.particles_["w1"].shape == (6, 3, 12)
+    assert est.validation_mnll_.shape == (3,) and est.noise_var_standardised_ in (0.01, 0.1, 1.0)
+    lower, upper = est.predict_interval(x[:7], level=0.9)
+    mean = est.predict(x[:7])
+    assert np.all(lower < mean) and np.all(mean < upper)
+    assert 80.0 < mean.mean() < 120.0  # in the labels' units: standardisation kept
+    np.testing.assert_array_equal(clone(est).fit(x, y).predict(x), est.predict(x))
+    path = est.save(tmp_path / "own.npz")
+    again = load(path, model=mine)
+    np.testing.assert_array_equal(again.predict(x, return_std=True), est.predict(x, return_std=True))
+    with pytest.raises(persist.IncompatibleFileError, match="network of one's own .tanh-12.: pass that network"):
+        load(path)
+    with pytest.raises(persist.IncompatibleFileError, match="does not fit the saved particles"):
+        load(path, model=_own_model(x.shape[1] + 1))
+    plain = BootstrapEnsembleRegressor(**_SMALL, noise_var=0.1).fit(x, y).save(tmp_path / "plain.npz")
+    with pytest.raises(persist.IncompatibleFileError, match="load it without model="):
+        load(plain, model=mine)
+
+
+def test_a_network_of_ones_own_equal_to_the_default_gives_the_same_ensemble():
+    from bootens_core import models
+
+    x, y = _regression()
+    settings = {**_SMALL, "noise_var": 0.1, "random_state": 3}
+    default = BootstrapEnsembleRegressor(**settings).fit(x, y)
+    same = models.mlp(x.shape[1], (8,), "relu", weight_var=1.0, bias_var=1.0, scale_by_fan_in=True)
+    own = BootstrapEnsembleRegressor(**settings, model=same).fit(x, y)
+    np.testing.assert_array_equal(own.predict_particles(x), default.predict_particles(x))
+
+
+def test_a_network_of_ones_own_for_classes_and_its_errors():
+    from bootens_core import adapters
+
+    xc, labels = make_blobs(60, centers=3, random_state=0)
+    mine = _own_model(2, out_dim=3)
+    as_apply = adapters.from_apply(mine.apply, {k: np.zeros(s) for k, s in mine.shapes.items()}, mine.prior_var)
+    clf = BootstrapEnsembleClassifier(**{**_SMALL, "hidden_layer_sizes": (99,)}, model=as_apply).fit(xc, labels)
+    assert clf.predict_proba(xc).shape == (60, 3) and (clf.predict(xc) == labels).mean() > 0.8
+    with pytest.raises(ValueError, match=r"outputs of shape \(2, 3\); BootstrapEnsembleRegressor needs \(2,\)"):
+        BootstrapEnsembleRegressor(**_SMALL, model=mine).fit(xc, labels.astype(float))
+    with pytest.raises(ValueError, match="model cannot take inputs of 3 column"):
+        BootstrapEnsembleClassifier(**_SMALL, model=mine).fit(np.c_[xc, xc[:, 0]], labels)
+    with pytest.raises(ValueError, match="model must be a bootens_core.models.Model"):
+        BootstrapEnsembleClassifier(**_SMALL, model=lambda p, x: x).fit(xc, labels)
