@@ -352,3 +352,40 @@ def test_a_network_of_ones_own_for_classes_and_its_errors():
         BootstrapEnsembleClassifier(**_SMALL, model=mine).fit(np.c_[xc, xc[:, 0]], labels)
     with pytest.raises(ValueError, match="model must be a bootens_core.models.Model"):
         BootstrapEnsembleClassifier(**_SMALL, model=lambda p, x: x).fit(xc, labels)
+
+
+_CACHED_FIT = """
+import os, sys
+from bootens_core.estimators import BootstrapEnsembleRegressor, use_compilation_cache
+import numpy as np
+where = use_compilation_cache(None if sys.argv[1] == "default" else sys.argv[1])
+rng = np.random.default_rng(0)
+x = rng.normal(size=(30, 2))
+BootstrapEnsembleRegressor(hidden_layer_sizes=(4,), n_particles=3, steps=5, optimizer="adam",
+                           noise_grid=(0.1, 1.0), random_state=0).fit(x, x[:, 0])
+print(where)
+"""
+
+
+def test_the_compilation_cache_serves_a_second_process(tmp_path, book_env):
+    """A second process fitting the same estimator on the same shapes compiles nothing anew: every program
+    comes from the folder the first one filled (no file added)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in book_env.items() if k != "JAX_ENABLE_X64"}
+    folder = tmp_path / "jax-cache"
+
+    def fit(arg, extra_env=None):
+        proc = subprocess.run([sys.executable, "-c", _CACHED_FIT, arg], capture_output=True, text=True,
+                              env={**env, **(extra_env or {})}, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert fit(str(folder)) == str(folder)
+    first = sorted(p.name for p in folder.iterdir())
+    assert len(first) > 3  # the training programs, the prediction, the random draws
+    fit(str(folder))
+    assert sorted(p.name for p in folder.iterdir()) == first
+    xdg = tmp_path / "xdg"
+    assert fit("default", {"XDG_CACHE_HOME": str(xdg)}) == str(xdg / "bootens" / "jax")
