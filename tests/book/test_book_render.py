@@ -288,6 +288,16 @@ def test_toc_lists_pages():
         assert any(p.exists() for p in sources), f"_toc.yml lists {docname}, which has no .md or .ipynb"
 
 
+def test_the_estimators_methods_are_on_the_api_page():
+    """save and load, which the estimators inherit from their base class, are documented with the rest, and
+    scikit-learn's plumbing is not."""
+    html = (HTML_DIR / "book" / "api.html").read_text()
+    for cls in ("BootstrapEnsembleRegressor", "BootstrapEnsembleClassifier"):
+        for method in ("fit", "predict", "save", "load"):
+            assert f'id="bootens_core.estimators.{cls}.{method}"' in html, (cls, method)
+    assert 'id="bootens_core.estimators.BootstrapEnsembleRegressor.set_params"' not in html
+
+
 @pytest.mark.parametrize("docname", DOCNAMES)
 def test_page_renders(visit, docname):
     path = f"{docname}.html"
