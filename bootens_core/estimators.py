@@ -374,6 +374,26 @@ def _check_own(path: Any, own: dict[str, Any], model: Model | None) -> None:
             f"{shapes}; the file's: {own['structure']} of shapes {own['shapes']})")
 
 
+def _training_doc(outputs: str, kept: str) -> str:
+    """The parameters both estimators share after their own (for their docstrings' ``{training}``)."""
+    return f"""optimizer: ``"lbfgs"`` (the default: optax's L-BFGS with a zoom line search, which takes every
+            particle to its perturbed MAP as Algorithm 1 asks; the UCI chapter's optimizer), ``"adam"``,
+            ``"adagrad"`` or ``"sgd"``.
+        learning_rate: the optimizer's step size (L-BFGS: its first trial step).
+        steps: optimizer steps per particle (``loss_curve_`` shows whether they were enough).
+        perturb: ``False`` trains the plain ensemble (no perturbation: random starts, one log joint).
+        random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
+            ensemble on the same machine.
+        progress: show a progress bar while training.
+        model: a network of one's own in place of the fully connected one (then ``hidden_layer_sizes``,
+            ``activation``, ``weight_var``, ``bias_var`` and ``scale_by_fan_in`` are not used): a
+            :class:`bootens_core.models.Model` -- ``models.mlp``, ``models.Model(apply, shapes, prior_var)``
+            or an adapter's result (:mod:`bootens_core.adapters`: Flax, Equinox, any ``apply``) -- taking
+            the standardised inputs, ``(n, n_features)``, to {outputs}.
+            {kept} work as with the default network;
+            :meth:`load` takes the model again."""
+
+
 # -- regression ----------------------------------------------------------------------------------------------
 
 
@@ -393,21 +413,7 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
             then the ensemble refitted on all rows with the selected value.
         noise_grid: the candidate values for ``"auto"`` (standardised units).
         validation_fraction: the share of rows held out for ``"auto"``.
-        optimizer: ``"lbfgs"`` (the default: optax's L-BFGS with a zoom line search, which takes every
-            particle to its perturbed MAP as Algorithm 1 asks; the UCI chapter's optimizer), ``"adam"``,
-            ``"adagrad"`` or ``"sgd"``.
-        learning_rate: the optimizer's step size (L-BFGS: its first trial step).
-        steps: optimizer steps per particle (``loss_curve_`` shows whether they were enough).
-        perturb: ``False`` trains the plain ensemble (no perturbation: random starts, one log joint).
-        random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
-            ensemble on the same machine.
-        progress: show a progress bar while training.
-        model: a network of one's own in place of the fully connected one (then ``hidden_layer_sizes``,
-            ``activation``, ``weight_var``, ``bias_var`` and ``scale_by_fan_in`` are not used): a
-            :class:`bootens_core.models.Model` -- ``models.mlp``, ``models.Model(apply, shapes, prior_var)`` or
-            an adapter's result (:mod:`bootens_core.adapters`: Flax, Equinox, any ``apply``) -- taking the
-            standardised inputs, ``(n, n_features)``, to ``(n,)`` outputs in the standardised labels' units. Standardisation, sigma^2 selection, intervals
-            and saving work as with the default network; :meth:`load` takes the model again.
+        {training}
 
     Attributes:
         particles_: the trained particles: one ``{"w", "b"}`` dict per layer, leading axis ``n_particles_``
@@ -580,6 +586,10 @@ class BootstrapEnsembleRegressor(RegressorMixin, _Base):
         self.validation_mnll_ = a.get("validation_mnll")
 
 
+BootstrapEnsembleRegressor.__doc__ = BootstrapEnsembleRegressor.__doc__.replace("{training}", _training_doc(
+    "``(n,)`` outputs in the standardised labels' units", "Standardisation, sigma^2 selection, intervals and saving"))
+
+
 def _mixture_quantiles(f: np.ndarray, noise_var: float, q: np.ndarray, tol: float = 1e-9) -> np.ndarray:
     """Quantiles ``q`` of ``1/k sum_i N(f_i, noise_var)`` at every point, ``f`` of shape ``(k, n)``: bisection
     on the CDF inside ``[min f - 9 sd, max f + 9 sd]``, which holds every quantile in
@@ -616,20 +626,7 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
         alpha_eps: the Dirichlet regularisation ``alpha = one_hot(y) + alpha_eps`` (the paper's 0.01; the
             classification chapter measures how it sets the spread of the probabilities). The transform
             gives every label its own variance, so there is no ``noise_var`` to select.
-        optimizer: ``"lbfgs"`` (the default: optax's L-BFGS with a zoom line search), ``"adam"``,
-            ``"adagrad"`` or ``"sgd"``.
-        learning_rate: the optimizer's step size (L-BFGS: its first trial step).
-        steps: optimizer steps per particle (``loss_curve_`` shows whether they were enough).
-        perturb: ``False`` trains the plain ensemble (no perturbation: random starts, one log joint).
-        random_state: seed (int), ``numpy.random.RandomState`` or ``None``; the same seed gives the same
-            ensemble on the same machine.
-        progress: show a progress bar while training.
-        model: a network of one's own in place of the fully connected one (then ``hidden_layer_sizes``,
-            ``activation``, ``weight_var``, ``bias_var`` and ``scale_by_fan_in`` are not used): a
-            :class:`bootens_core.models.Model` -- ``models.mlp``, ``models.Model(apply, shapes, prior_var)`` or
-            an adapter's result (:mod:`bootens_core.adapters`: Flax, Equinox, any ``apply``) -- taking the
-            standardised inputs, ``(n, n_features)``, to ``(n, n_classes)`` latent values, one a class. Standardisation, intervals
-            and saving work as with the default network; :meth:`load` takes the model again.
+        {training}
 
     Attributes:
         classes_: the class labels, in the order of ``predict_proba``'s columns.
@@ -716,6 +713,10 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
     def _restore(self, a: dict[str, np.ndarray], fitted: dict[str, Any]) -> None:
         self.classes_ = np.asarray(fitted["classes"], dtype=np.dtype(fitted["classes_dtype"]))
         self.offset_ = a["offset"]
+
+
+BootstrapEnsembleClassifier.__doc__ = BootstrapEnsembleClassifier.__doc__.replace("{training}", _training_doc(
+    "``(n, n_classes)`` latent values, one a class", "Standardisation, probability bands and saving"))
 
 
 def load(path: str | os.PathLike[str], model: Model | None = None
