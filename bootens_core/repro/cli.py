@@ -452,6 +452,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_linesearch(args)
     if args.case == "uci-dataset":
         return _bench_uci_dataset(args)
+    if args.case == "estimator":
+        return _bench_estimator(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -595,6 +597,25 @@ def _bench_linesearch(args: argparse.Namespace) -> int:
     return _bench_case(args, "linesearch.json", lambda: bench.measure_linesearch(
         jax.random.key(0), args.datasets or ["boston"], args.models or [1], args.k or [50, 200],
         steps=args.steps or 100, repeats=args.repeats or 3, max_rows=args.max_rows or 0), line)
+
+
+def _bench_estimator(args: argparse.Namespace) -> int:
+    """``bootens bench --case estimator``: the scikit-learn estimator against the GP, a bagged MLP and the plain
+    ensemble, with their defaults (``--quick``: two problems, two splits, a small ensemble) -> OUT/estimator.json."""
+    from .performance import rivals
+
+    def line(r: dict) -> str:
+        far = "" if r["far_coverage90"] != r["far_coverage90"] else f", far {r['far_coverage90']:.2f}"
+        return (f"{r['problem']:<13} {r['method']:<10} split {r['split']}: RMSE {r['rmse']:.4g}, NLL {r['nll']:.3f}, "
+                f"coverage90 {r['coverage90']:.2f}{far}, fit {r['fit_s']:.1f} s")
+
+    if args.quick:
+        kw = {"problems": args.datasets or ["sinusoid-gap", "friedman3"], "n_splits": 2,
+              "estimator_settings": {"n_particles": 5, "steps": 30, "optimizer": "adam", "learning_rate": 0.05,
+                                     "noise_grid": (0.01, 0.1, 1.0)}}
+    else:
+        kw = {"problems": args.datasets or list(rivals.PROBLEMS), "n_splits": 5}
+    return _bench_case(args, "estimator.json", lambda: rivals.measure(**kw, progress=not args.quiet), line)
 
 
 def _bench_uci_dataset(args: argparse.Namespace) -> int:
@@ -789,7 +810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--loop-particles", type=int, default=None, help="particles timed in the loop baselines")
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
-    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch", "uci-dataset"],
+    p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch", "uci-dataset",
+                                            "estimator"],
                          default="throughput",
                          help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
                               "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
@@ -802,7 +824,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "uci-dataset: one L-BFGS iteration of a paper-scale UCI ensemble (real data of "
                               "split 0; --k as particles per sigma^2, --max-rows, --steps iterations per timed "
                               "call, default 10; --repeats, default 5; --warmup), XLA's FLOPs and bytes, the "
-                              "roofline fractions and where its time goes (uci-dataset.json)")
+                              "roofline fractions and where its time goes (uci-dataset.json); estimator: the "
+                              "scikit-learn estimator against scikit-learn's GP, a bagged MLP and the plain ensemble "
+                              "on four problems, five splits, defaults (estimator.json; --datasets as problems)")
     p_bench.add_argument("--grid-batches", type=int, nargs="+", default=None,
                          help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic; "
                               "default 1 0); uci-dataset: the first is used (default 0)")
