@@ -279,3 +279,30 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                                    for m in METHODS if by[m]}
         out.append(entry)
     return out
+
+
+def table(doc: dict[str, Any]) -> Any:
+    """A ``pandas.DataFrame`` of a :func:`measure` document: per problem and method, the mean and standard
+    error over the splits of RMSE, NLL, 90% coverage and far coverage (``—`` for real data), and the median
+    fit seconds; the methods in :data:`METHODS` order."""
+    import pandas as pd
+
+    out = []
+    rows = doc["rows"]
+    for p in dict.fromkeys(r["problem"] for r in rows):
+        for m in METHODS:
+            rr = [r for r in rows if r["problem"] == p and r["method"] == m]
+            if not rr:
+                continue
+            entry: dict[str, Any] = {"problem": p, "method": m}
+            for key, label in (("rmse", "RMSE"), ("nll", "NLL"), ("coverage90", "90% coverage"),
+                               ("far_coverage90", "far coverage")):
+                v = [r[key] for r in rr]
+                if any(math.isnan(x) for x in v):
+                    entry[label] = "—"
+                    continue
+                se = statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else math.nan
+                entry[label] = f"{statistics.fmean(v):.3g} ± {se:.2g}"
+            entry["fit s (median)"] = f"{statistics.median(r['fit_s'] for r in rr):.1f}"
+            out.append(entry)
+    return pd.DataFrame(out).set_index(["problem", "method"])

@@ -98,3 +98,14 @@ def test_a_small_run_end_to_end():
     (v,) = doc["verdicts"]
     assert v["problem"] == "sinusoid-gap" and v["n_splits"] == 2 and "nll_matches_gp" not in v
     assert doc["device"]["kind"] and doc["provenance"]["git_commit"] is not None
+
+
+def test_table_shows_mean_and_standard_error_per_problem_and_method():
+    rows = [{"problem": "p", "method": m, "split": s, "rmse": 1.0 + s, "nll": 2.0, "coverage90": 0.9,
+             "far_coverage90": math.nan if m == "gp" else 0.5, "fit_s": 3.0 + s}
+            for m in ("gp", "bootstrap") for s in range(3)]
+    t = rivals.table({"rows": rows})
+    assert list(t.index) == [("p", "bootstrap"), ("p", "gp")]  # METHODS order
+    assert t.loc[("p", "bootstrap"), "RMSE"] == f"2 ± {1 / math.sqrt(3):.2g}"
+    assert t.loc[("p", "gp"), "far coverage"] == "—"
+    assert t.loc[("p", "gp"), "fit s (median)"] == "4.0"
