@@ -242,9 +242,11 @@ class _Base(BaseEstimator):
         params = jax.tree.map(jnp.asarray, self.particles_)
         n = x.shape[0]
         padded = jnp.pad(x, ((0, -n % PREDICT_ROWS), (0, 0)))
-        blocks = [np.asarray(fwd(params, padded[i : i + PREDICT_ROWS]), np.float64)
-                  for i in range(0, padded.shape[0], PREDICT_ROWS)]
-        return np.concatenate(blocks, axis=1)[:, :n] if blocks else np.asarray(fwd(params, x), np.float64)
+        # every block is dispatched before any is brought back, so the device never waits on the host
+        blocks = [fwd(params, padded[i : i + PREDICT_ROWS]) for i in range(0, padded.shape[0], PREDICT_ROWS)]
+        if not blocks:
+            return np.asarray(fwd(params, x), np.float64)
+        return np.concatenate([np.asarray(b, np.float64) for b in blocks], axis=1)[:, :n]
 
     def _keep(self, res: ensemble.EnsembleResult) -> None:
         """Store the trained particles, dropping diverged ones (with a warning; all diverged: an error)."""

@@ -25,7 +25,10 @@ batch. The smallest group chosen is :data:`MIN_GROUP`, where the differences are
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ __all__ = [
     "particle_step_bytes",
     "choose_particle_batch",
     "auto_particle_batch",
+    "forced_particle_batch",
 ]
 
 #: The smallest group :func:`choose_particle_batch` forms (see the module's note on rounding).
@@ -160,6 +164,23 @@ def choose_particle_batch(k: int, per_particle: float, *, platform: str,
 
 
 _CHOSEN: dict[Any, int | None] = {}
+_UNSET = object()
+_FORCED: contextvars.ContextVar[Any] = contextvars.ContextVar("bootens_forced_particle_batch", default=_UNSET)
+
+
+@contextlib.contextmanager
+def forced_particle_batch(batch: int | None) -> Iterator[None]:
+    """Within this block :func:`auto_particle_batch` answers ``batch`` (``None``: all particles at once)
+    instead of choosing by the working set, so that whole computations that leave the group to the library
+    (a UCI cell, an estimator's fit) can be timed grouped and not grouped in one process
+    (``bootens bench --case groups``). Only the default ``particle_batch="auto"`` is affected."""
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ValueError(f"a forced particle batch must be a positive integer or None, got {batch!r}")
+    token = _FORCED.set(batch)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
 
 
 def auto_particle_batch(model: Any, opt: Any, state: Any, x: Any, noise_var: Any,
@@ -167,8 +188,14 @@ def auto_particle_batch(model: Any, opt: Any, state: Any, x: Any, noise_var: Any
     """The group size :func:`~bootens_core.ensemble.train` uses by default (``particle_batch="auto"``) for this
     ensemble on the default device: :func:`choose_particle_batch` of :func:`particle_step_bytes`, with the
     last-level cache of :func:`cpu_caches` on a CPU and the device's memory limit elsewhere. Cached by the
-    model's and optimizer's program keys and the shapes, so a second call costs nothing."""
+    model's and optimizer's program keys and the shapes, so a second call costs nothing. Inside
+    :func:`forced_particle_batch` the forced size is returned (capped at ``k``: ``None``)."""
     from ..models import program_key
+
+    forced = _FORCED.get()
+    if forced is not _UNSET:
+        k = int(jax.tree.leaves(state.params)[0].shape[0])
+        return None if forced is None or forced >= k else forced
 
     k = int(jax.tree.leaves(state.params)[0].shape[0])
     dev = jax.devices()[0]

@@ -454,6 +454,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_uci_dataset(args)
     if args.case == "estimator":
         return _bench_estimator(args)
+    if args.case == "groups":
+        return _bench_groups(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -616,6 +618,43 @@ def _bench_estimator(args: argparse.Namespace) -> int:
     else:
         kw = {"problems": args.datasets or list(rivals.PROBLEMS), "n_splits": 5}
     return _bench_case(args, "estimator.json", lambda: rivals.measure(**kw, progress=not args.quiet), line)
+
+
+def _bench_groups(args: argparse.Namespace) -> int:
+    """``bootens bench --case groups``: a UCI ensemble cell and the estimator's fit, particles in the library's
+    groups against all at once, in one run -> OUT/groups.json."""
+    import dataclasses
+
+    import jax
+
+    from . import config
+    from .experiments.uci.config import UCIConfig
+    from .performance import bench, profiling
+
+    cfg = config.for_profile(UCIConfig, "quick" if args.quick else args.profile)
+    if args.k:
+        cfg = dataclasses.replace(cfg, n_particles=int(args.k[0]))
+    if args.steps is not None:
+        cfg = config.replace(cfg, "lbfgs.steps", int(args.steps))
+    datasets, layers = args.datasets or ["boston"], args.models or [1]
+    if len(datasets) != 1 or len(layers) != 1:
+        print(f"bootens: --case groups times one cell: give one dataset and one --models value, got "
+              f"{datasets} and {layers}", file=sys.stderr)
+        return 2
+
+    def line(r: dict) -> str:
+        return (f"{r['what']:<34} {r['way']:<12} repeat {r['repeat']}: {r['wall_s']:8.1f} s "
+                f"(compile {r['compile_s']:.1f} s, compute {r['compute_s']:.1f} s), RMSE {r['rmse']:.4g}, "
+                f"MNLL {r['mnll']:.4g}")
+
+    def measure() -> dict:
+        doc = profiling.measure_groups(jax.random.key(cfg.seed), cfg, datasets[0], int(layers[0]),
+                                       repeats=args.repeats or 1, progress=not args.quiet)
+        doc["profile"] = "quick" if args.quick else config.profile(args.profile)
+        doc["device"] = bench.device_info(doc["provenance"])
+        return doc
+
+    return _bench_case(args, "groups.json", measure, line)
 
 
 def _bench_uci_dataset(args: argparse.Namespace) -> int:
@@ -811,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
     p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch", "uci-dataset",
-                                            "estimator"],
+                                            "estimator", "groups"],
                          default="throughput",
                          help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
                               "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
@@ -826,7 +865,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "call, default 10; --repeats, default 5; --warmup), XLA's FLOPs and bytes, the "
                               "roofline fractions and where its time goes (uci-dataset.json); estimator: the "
                               "scikit-learn estimator against scikit-learn's GP, a bagged MLP and the plain ensemble "
-                              "on four problems, five splits, defaults (estimator.json; --datasets as problems)")
+                              "on four problems, five splits, defaults (estimator.json; --datasets as problems); groups: one "
+                              "UCI ensemble cell (--datasets, --models: one each, default boston 1; --k, --steps) and "
+                              "the estimator's diabetes fit, particles in the library's groups against all at once, "
+                              "alternating (--repeats, default 1) (groups.json)")
     p_bench.add_argument("--grid-batches", type=int, nargs="+", default=None,
                          help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic; "
                               "default 1 0); uci-dataset: the first is used (default 0)")

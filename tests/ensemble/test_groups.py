@@ -101,3 +101,35 @@ def test_the_chosen_groups_give_the_particles_of_all_at_once_to_rounding(monkeyp
     for a, b in zip(jax.tree.leaves(auto.params), jax.tree.leaves(whole.params), strict=True):
         a, b = np.asarray(a), np.asarray(b)
         assert np.max(np.abs(a - b)) <= 4 * eps * max(np.max(np.abs(b)), 1.0)
+
+
+def test_a_forced_particle_batch_overrides_the_working_set_only_inside_its_block(monkeypatch):
+    # The cache is made small enough that the working set asks for groups of 10 of 40 particles; inside
+    # forced_particle_batch the forced size is returned (None: all at once; a size >= k: all at once), and
+    # the choice by the working set comes back after the block, also after an error inside it.
+    x = jnp.zeros((455, 13), jnp.float32)
+    model = models.mlp(13, (50,), "relu")
+    opt = ensemble.optimizer("adam", 1e-3)
+    state = ensemble.init(jax.random.key(0), model, jnp.zeros(455, jnp.float32), jnp.float32(0.05), 40, opt)
+    monkeypatch.setattr(groups, "_CHOSEN", {})
+    monkeypatch.setattr(groups, "cpu_caches", lambda: {3: 4 * MiB})
+    platform = jax.devices()[0].platform
+
+    def auto():
+        return ensemble.auto_particle_batch(model, opt, state, x, jnp.float32(0.05))
+
+    chosen = auto()
+    if platform == "cpu":
+        assert chosen == 10
+    with ensemble.forced_particle_batch(None):
+        assert auto() is None
+    with ensemble.forced_particle_batch(8):
+        assert auto() == 8
+    with ensemble.forced_particle_batch(40):
+        assert auto() is None
+    with pytest.raises(RuntimeError, match="inside"), ensemble.forced_particle_batch(None):
+        raise RuntimeError("inside")
+    assert auto() == chosen
+    for bad in (0, -3, 2.5, True, "auto"):
+        with pytest.raises(ValueError, match="forced particle batch"), ensemble.forced_particle_batch(bad):
+            pass

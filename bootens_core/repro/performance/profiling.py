@@ -30,7 +30,8 @@ from .. import store
 from ..experiments.uci.config import UCIConfig
 from .config import ProfileConfig
 
-__all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "run", "load_ci_records"]
+__all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "measure_groups", "run",
+           "load_ci_records"]
 
 NAME = "profile"
 Config = ProfileConfig
@@ -155,6 +156,90 @@ def measure(key: jax.Array, cfg: ProfileConfig) -> dict[str, Any]:
         calls += _uci_calls(k_uci, cfg)
     calls += _mcmc_calls(k_mcmc, cfg)
     return {"calls": calls, "line_search": line_search_step(k_ls, cfg)}
+
+
+def measure_groups(key: jax.Array, cfg: UCIConfig, dataset: str = "boston", hidden_layers: int = 1, split: int = 0,
+                   repeats: int = 1, estimator: bool = True, progress: bool = False) -> dict[str, Any]:
+    """Particles in groups against all at once, end to end (``bootens bench --case groups``): one UCI ensemble
+    cell (``dataset``, ``split``, ``hidden_layers``; ``cfg``'s particles, L-BFGS and sigma^2 grid) and, with
+    ``estimator``, the scikit-learn estimator's fit with its defaults on 80% of scikit-learn's diabetes data,
+    each computed with the library's groups (``particle_batch="auto"``) and with every particle in one ``vmap``
+    (:func:`bootens_core.ensemble.forced_particle_batch` of ``None``), in one process.
+
+    The two ways alternate (grouped first on even repeats, all at once first on odd ones), so that a drift
+    of the machine's load falls on both; every call compiles its own programs (a group size is a program of
+    its own) and :func:`timed_call` separates compile from compute seconds. Rows: ``what``, ``way``
+    (``"grouped"``, ``"all at once"``), ``repeat``, the seconds, and the call's test RMSE and MNLL (the same
+    computation up to float rounding). ``summary``: per ``what``, the median compute seconds of each way and
+    their ratio (all at once over grouped: above 1 when the groups are faster)."""
+    from sklearn.model_selection import train_test_split
+
+    from ...data import uci as uci_data
+    from ...estimators import BootstrapEnsembleRegressor
+    from ..experiments import uci
+    from ..harness import Cell
+    from . import rivals
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if dataset not in uci_data.DATASETS:
+        raise ValueError(f"dataset must be among {', '.join(uci_data.DATASETS)}, got {dataset!r}")
+    if hidden_layers not in (1, 4):
+        raise ValueError(f"hidden layers must be 1 or 4 (the paper's ensembles), got {hidden_layers}")
+    start = time.perf_counter()
+    cell = Cell(dataset, int(split), f"ensemble-{int(hidden_layers)}")
+    uci_data.load(dataset, int(split))  # reading the files is not the cell's computation
+    diabetes = rivals.make_problem("diabetes")
+    x_tr, x_te, y_tr, y_te = train_test_split(diabetes.x, diabetes.y, test_size=0.2, random_state=0)
+
+    def run_cell() -> dict[str, float]:
+        rec = uci.compute_cell(key, cfg, cell)
+        return {"rmse": float(rec["test_rmse"]), "mnll": float(rec["test_mnll"])}
+
+    def fit_estimator() -> dict[str, float]:
+        est = BootstrapEnsembleRegressor(random_state=0).fit(x_tr, y_tr)
+        s = rivals.score_mixture(y_te, est.predict_particles(x_te), est.noise_var_)
+        return {"rmse": s.rmse, "mnll": s.nll}
+
+    jobs = [(f"UCI cell {cell.label}", run_cell)] + ([("estimator fit, diabetes", fit_estimator)] if estimator else [])
+    ways = {"grouped": "auto", "all at once": None}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs) * repeats * 2, desc="groups", unit="call")
+    rows = []
+    try:
+        for what, fn in jobs:
+            for r in range(repeats):
+                for way in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+                    scores: dict[str, float] = {}
+
+                    def call(fn: Callable[[], dict[str, float]] = fn, scores: dict[str, float] = scores) -> None:
+                        scores.update(fn())
+
+                    if ways[way] == "auto":
+                        row = timed_call(call)
+                    else:
+                        with ensemble.forced_particle_batch(None):
+                            row = timed_call(call)
+                    rows.append({"what": what, "way": way, "repeat": r, **row, **scores})
+                    if bar is not None:
+                        bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = []
+    for what, _ in jobs:
+        med = {way: statistics.median(x["compute_s"] for x in rows if x["what"] == what and x["way"] == way)
+               for way in ways}
+        summary.append({"what": what, "grouped_compute_s": med["grouped"], "all_compute_s": med["all at once"],
+                        "speedup": med["all at once"] / med["grouped"] if med["grouped"] > 0 else float("nan")})
+    caches = ensemble.cpu_caches() if jax.devices()[0].platform == "cpu" else {}
+    return {"case": "groups", "rows": rows, "summary": summary, "caches": {str(k): v for k, v in caches.items()},
+            "dataset": dataset, "hidden_layers": int(hidden_layers), "split": int(split), "repeats": int(repeats),
+            "n_particles": cfg.n_particles, "provenance": store.provenance(time.perf_counter() - start),
+            "wall_s": time.perf_counter() - start}
 
 
 def run(key: jax.Array, cfg: ProfileConfig, *, use_cache: bool = True, force: bool = False) -> store.Result:

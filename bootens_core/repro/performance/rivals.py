@@ -137,7 +137,7 @@ def score_gaussian(y: np.ndarray, mean: np.ndarray, sd: np.ndarray, mean_far: np
     far = math.nan
     if mean_far is not None and latent_sd_far is not None and truth_far is not None:
         far = float(np.mean(np.abs(truth_far - mean_far) <= _Z90 * latent_sd_far))
-    return Scores(float(np.sqrt(np.mean((mean - y) ** 2))), nll, cover, far)
+    return Scores(metrics.rmse(y, mean), nll, cover, far)
 
 
 def _fit_ensemble(perturb: bool, seed: int, settings: dict[str, Any]) -> Callable[..., Scores]:

@@ -257,6 +257,17 @@ def test_cli_bench_uci_cell_bad_input(tmp_path: Path, capsys):
     assert "hidden layers must be 1 or 4" in capsys.readouterr().err
 
 
+def test_cli_bench_groups_bad_input(tmp_path: Path, capsys):
+    # one cell a run: two datasets or two depths are refused, and so are an unknown dataset and depth
+    assert cli.main(["bench", "--case", "groups", "--datasets", "yacht", "boston", "--quiet",
+                     "--out", str(tmp_path)]) == 2
+    assert "one dataset and one --models value" in capsys.readouterr().err
+    assert cli.main(["bench", "--case", "groups", "--datasets", "mnist", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "dataset must be among" in capsys.readouterr().err
+    assert cli.main(["bench", "--case", "groups", "--models", "2", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "hidden layers must be 1 or 4" in capsys.readouterr().err
+    assert not (tmp_path / "groups.json").exists()
+
 def test_cli_bench_particle_batch(tmp_path: Path, capsys):
     # 7 particles in groups of 3 (two groups and a remainder) against all at once: one row per network,
     # optimizer and batch (the 1-layer MLP and the linear model in 16 trigonometric features of 64 points), the

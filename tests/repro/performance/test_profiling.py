@@ -96,3 +96,33 @@ def test_a_second_sghmc_cell_compiles_nothing_even_when_a_restart_diverged():
     rows = profiling._uci_calls(k_uci, cfg)
     assert [r["call"] for r in rows] == [1, 2] and rows[0]["compiles"] > 0
     assert rows[1]["compiles"] == 0
+
+
+def test_measure_groups_times_both_ways_alternating_with_the_same_scores(monkeypatch):
+    # A tiny UCI cell (Yacht, 4 particles, 1 L-BFGS step of 2 iterations, 2 values of sigma^2) twice each way:
+    # the ways alternate (grouped first on repeat 0, all at once first on repeat 1), every row splits its
+    # seconds, and both ways compute the same cell and fit (their scores equal to float rounding). The
+    # estimator is left out here (its defaults take tens of seconds); the summary's ratio is all over grouped.
+    import dataclasses
+
+    from bootens_core.repro import config
+    from bootens_core.repro.experiments.uci.config import UCIConfig
+
+    pytest.importorskip("sklearn")
+    cfg = config.for_profile(UCIConfig, "quick")
+    cfg = dataclasses.replace(config.replace(config.replace(cfg, "lbfgs.steps", 1), "lbfgs.iters_per_step", 2),
+                              n_particles=4, noise_grid=(0.01, 0.1))
+    doc = profiling.measure_groups(jax.random.key(0), cfg, "yacht", 1, repeats=2, estimator=False)
+    assert [(r["repeat"], r["way"]) for r in doc["rows"]] == [
+        (0, "grouped"), (0, "all at once"), (1, "all at once"), (1, "grouped")]
+    for r in doc["rows"]:
+        assert r["wall_s"] >= r["compute_s"] >= 0 and r["compile_s"] >= 0
+    first = doc["rows"][0]
+    for r in doc["rows"][1:]:
+        assert r["rmse"] == pytest.approx(first["rmse"], rel=1e-4) and r["mnll"] == pytest.approx(first["mnll"], rel=1e-4)
+    (s,) = doc["summary"]
+    assert s["speedup"] == pytest.approx(s["all_compute_s"] / s["grouped_compute_s"])
+    with pytest.raises(ValueError, match="repeats"):
+        profiling.measure_groups(jax.random.key(0), cfg, "yacht", 1, repeats=0, estimator=False)
+    with pytest.raises(ValueError, match="hidden layers"):
+        profiling.measure_groups(jax.random.key(0), cfg, "yacht", 2, estimator=False)
