@@ -44,6 +44,7 @@ __all__ = [
     "choose_particle_batch",
     "auto_particle_batch",
     "forced_particle_batch",
+    "recorded_particle_batches",
 ]
 
 #: The smallest group :func:`choose_particle_batch` forms (see the module's note on rounding).
@@ -166,6 +167,21 @@ def choose_particle_batch(k: int, per_particle: float, *, platform: str,
 _CHOSEN: dict[Any, int | None] = {}
 _UNSET = object()
 _FORCED: contextvars.ContextVar[Any] = contextvars.ContextVar("bootens_forced_particle_batch", default=_UNSET)
+_RECORDED: contextvars.ContextVar[list[tuple[int, int | None]] | None] = contextvars.ContextVar(
+    "bootens_recorded_particle_batches", default=None)
+
+
+@contextlib.contextmanager
+def recorded_particle_batches() -> Iterator[list[tuple[int, int | None]]]:
+    """Within this block every answer of :func:`auto_particle_batch` is appended to the list it yields, as
+    ``(k, group)`` (``group`` ``None``: all ``k`` at once), so that a timing can say which groups a whole
+    computation used (``bootens bench --case groups``)."""
+    seen: list[tuple[int, int | None]] = []
+    token = _RECORDED.set(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDED.reset(token)
 
 
 @contextlib.contextmanager
@@ -189,15 +205,23 @@ def auto_particle_batch(model: Any, opt: Any, state: Any, x: Any, noise_var: Any
     ensemble on the default device: :func:`choose_particle_batch` of :func:`particle_step_bytes`, with the
     last-level cache of :func:`cpu_caches` on a CPU and the device's memory limit elsewhere. Cached by the
     model's and optimizer's program keys and the shapes, so a second call costs nothing. Inside
-    :func:`forced_particle_batch` the forced size is returned (capped at ``k``: ``None``)."""
+    :func:`forced_particle_batch` the forced size is returned (capped at ``k``: ``None``); inside
+    :func:`recorded_particle_batches` every answer is recorded."""
+    group = _auto_particle_batch(model, opt, state, x, noise_var, noise_axis)
+    seen = _RECORDED.get()
+    if seen is not None:
+        seen.append((int(jax.tree.leaves(state.params)[0].shape[0]), group))
+    return group
+
+
+def _auto_particle_batch(model: Any, opt: Any, state: Any, x: Any, noise_var: Any,
+                         noise_axis: int | None) -> int | None:
     from ..models import program_key
 
+    k = int(jax.tree.leaves(state.params)[0].shape[0])
     forced = _FORCED.get()
     if forced is not _UNSET:
-        k = int(jax.tree.leaves(state.params)[0].shape[0])
         return None if forced is None or forced >= k else forced
-
-    k = int(jax.tree.leaves(state.params)[0].shape[0])
     dev = jax.devices()[0]
     shapes = jax.tree.map(lambda a: (tuple(a.shape[1:]), str(a.dtype)), (state.params, state.perturbation))
     key = (program_key(model), opt.program_key(), k, tuple(x.shape), str(x.dtype), tuple(getattr(noise_var, "shape", ())),

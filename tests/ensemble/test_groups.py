@@ -130,6 +130,12 @@ def test_a_forced_particle_batch_overrides_the_working_set_only_inside_its_block
     with pytest.raises(RuntimeError, match="inside"), ensemble.forced_particle_batch(None):
         raise RuntimeError("inside")
     assert auto() == chosen
+    with ensemble.recorded_particle_batches() as seen:
+        auto()
+        with ensemble.forced_particle_batch(None):
+            auto()
+    auto()  # outside the block: not recorded
+    assert seen == [(40, chosen), (40, None)]
     for bad in (0, -3, 2.5, True, "auto"):
         with pytest.raises(ValueError, match="forced particle batch"), ensemble.forced_particle_batch(bad):
             pass

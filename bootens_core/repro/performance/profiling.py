@@ -170,7 +170,8 @@ def measure_groups(key: jax.Array, cfg: UCIConfig, dataset: str = "boston", hidd
     of the machine's load falls on both; every call compiles its own programs (a group size is a program of
     its own) and :func:`timed_call` separates compile from compute seconds. Rows: ``what``, ``way``
     (``"grouped"``, ``"all at once"``), ``repeat``, the seconds, and the call's test RMSE and MNLL (the same
-    computation up to float rounding). ``summary``: per ``what``, the median compute seconds of each way and
+    computation up to float rounding), and ``groups``: the ``[particles, group]`` pairs the library used
+    (group ``None``: all at once). ``summary``: per ``what``, the median compute seconds of each way and
     their ratio (all at once over grouped: above 1 when the groups are faster)."""
     from sklearn.model_selection import train_test_split
 
@@ -218,12 +219,16 @@ def measure_groups(key: jax.Array, cfg: UCIConfig, dataset: str = "boston", hidd
                     def call(fn: Callable[[], dict[str, float]] = fn, scores: dict[str, float] = scores) -> None:
                         scores.update(fn())
 
-                    if ways[way] == "auto":
-                        row = timed_call(call)
-                    else:
-                        with ensemble.forced_particle_batch(None):
+                    with ensemble.recorded_particle_batches() as seen:
+                        if ways[way] == "auto":
                             row = timed_call(call)
-                    rows.append({"what": what, "way": way, "repeat": r, **row, **scores})
+                        else:
+                            with ensemble.forced_particle_batch(None):
+                                row = timed_call(call)
+                    # the groups used: (particles trained at once, group; None = all), each once
+                    used = sorted(set(seen), key=lambda kg: (kg[0], kg[1] or 0))
+                    rows.append({"what": what, "way": way, "repeat": r, **row, **scores,
+                                 "groups": [[k, g] for k, g in used]})
                     if bar is not None:
                         bar.update(1)
     finally:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..report import Text
 
-__all__ = ["evaluate", "table", "particle_batch_table", "linesearch_table", "uci_dataset_table",
+__all__ = ["evaluate", "table", "particle_batch_table", "groups_table", "linesearch_table", "uci_dataset_table",
            "profile_table", "ci_timings_table"]
 
 
@@ -56,6 +56,25 @@ def particle_batch_table(doc: dict[str, Any]) -> pd.DataFrame:
         })
     return pd.DataFrame(out).set_index(["network", "optimizer", "particle batch"])
 
+
+
+def groups_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """``groups.json`` (``bootens bench --case groups``) as a table: per computation and way (the library's
+    particle groups, or every particle in one vmap) and repeat, the wall, compile and compute seconds and the
+    test scores, with the ratio of the median compute seconds (all at once over grouped: above 1 when the
+    groups are faster) on each way's rows."""
+    ratio = {s["what"]: s["speedup"] for s in doc["summary"]}
+    out = []
+    for r in doc["rows"]:
+        out.append({
+            "computation": r["what"], "particles": r["way"], "repeat": r["repeat"],
+            "wall s": round(r["wall_s"], 1), "compile s": round(r["compile_s"], 1),
+            "compute s": round(r["compute_s"], 1),
+            "groups used": ", ".join(f"{k} in {'one' if g is None else g}" for k, g in r.get("groups", [])) or "—",
+            "test RMSE": f"{r['rmse']:.4g}", "test MNLL": f"{r['mnll']:.4g}",
+            "all at once ÷ grouped (compute)": round(ratio[r["what"]], 2),
+        })
+    return pd.DataFrame(out).set_index(["computation", "particles", "repeat"])
 
 
 def linesearch_table(doc: dict[str, Any]) -> pd.DataFrame:

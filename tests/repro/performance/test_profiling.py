@@ -117,11 +117,16 @@ def test_measure_groups_times_both_ways_alternating_with_the_same_scores(monkeyp
         (0, "grouped"), (0, "all at once"), (1, "all at once"), (1, "grouped")]
     for r in doc["rows"]:
         assert r["wall_s"] >= r["compute_s"] >= 0 and r["compile_s"] >= 0
+        # 4 particles a sigma^2 fit in any cache: the library steps them at once both ways
+        assert r["groups"] and all(g is None for _, g in r["groups"])
     first = doc["rows"][0]
     for r in doc["rows"][1:]:
         assert r["rmse"] == pytest.approx(first["rmse"], rel=1e-4) and r["mnll"] == pytest.approx(first["mnll"], rel=1e-4)
     (s,) = doc["summary"]
     assert s["speedup"] == pytest.approx(s["all_compute_s"] / s["grouped_compute_s"])
+    table = verdicts.groups_table(doc)
+    assert len(table) == 4 and set(table.index.get_level_values("particles")) == {"grouped", "all at once"}
+    assert set(table["all at once ÷ grouped (compute)"]) == {round(s["speedup"], 2)}
     with pytest.raises(ValueError, match="repeats"):
         profiling.measure_groups(jax.random.key(0), cfg, "yacht", 1, repeats=0, estimator=False)
     with pytest.raises(ValueError, match="hidden layers"):
