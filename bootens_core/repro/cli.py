@@ -643,7 +643,7 @@ def _bench_groups(args: argparse.Namespace) -> int:
         return 2
 
     def line(r: dict) -> str:
-        return (f"{r['what']:<34} {r['way']:<12} repeat {r['repeat']}: {r['wall_s']:8.1f} s "
+        return (f"{r['what']:<44} {r['way']:<12} repeat {r['repeat']}: {r['wall_s']:8.1f} s "
                 f"(compile {r['compile_s']:.1f} s, compute {r['compute_s']:.1f} s), RMSE {r['rmse']:.4g}, "
                 f"MNLL {r['mnll']:.4g}")
 

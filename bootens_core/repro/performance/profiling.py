@@ -202,7 +202,9 @@ def measure_groups(key: jax.Array, cfg: UCIConfig, dataset: str = "boston", hidd
         s = rivals.score_mixture(y_te, est.predict_particles(x_te), est.noise_var_)
         return {"rmse": s.rmse, "mnll": s.nll}
 
-    jobs = [(f"UCI cell {cell.label}", run_cell)] + ([("estimator fit, diabetes", fit_estimator)] if estimator else [])
+    layers = f"{int(hidden_layers)} hidden layer{'s' if int(hidden_layers) != 1 else ''}"
+    jobs = [(f"UCI cell: {dataset.capitalize()}, {layers}, split {int(split)}", run_cell)]
+    jobs += [("estimator fit: diabetes", fit_estimator)] if estimator else []
     ways = {"grouped": "auto", "all at once": None}
     bar = None
     if progress:

@@ -70,7 +70,8 @@ def groups_table(doc: dict[str, Any]) -> pd.DataFrame:
             "computation": r["what"], "particles": r["way"], "repeat": r["repeat"],
             "wall s": round(r["wall_s"], 1), "compile s": round(r["compile_s"], 1),
             "compute s": round(r["compute_s"], 1),
-            "groups used": ", ".join(f"{k} in {'one' if g is None else g}" for k, g in r.get("groups", [])) or "—",
+            "groups used": ", ".join(f"{k} at once" if g is None else f"{k} in groups of {g}"
+                                     for k, g in r.get("groups", [])) or "—",
             "test RMSE": f"{r['rmse']:.4g}", "test MNLL": f"{r['mnll']:.4g}",
             "all at once ÷ grouped (compute)": round(ratio[r["what"]], 2),
         })
