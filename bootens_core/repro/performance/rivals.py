@@ -37,7 +37,7 @@ from scipy import stats
 from ... import metrics
 
 __all__ = ["METHODS", "PROBLEMS", "Problem", "Scores", "make_problem", "score_mixture", "score_gaussian",
-           "measure", "verdicts"]
+           "measure", "verdicts", "verdict_table"]
 
 METHODS = ("bootstrap", "plain", "gp", "bagged-mlp")
 PROBLEMS = ("diabetes", "friedman1", "friedman3", "sinusoid-gap")
@@ -306,3 +306,31 @@ def table(doc: dict[str, Any]) -> Any:
             entry["fit s (median)"] = f"{statistics.median(r['fit_s'] for r in rr):.1f}"
             out.append(entry)
     return pd.DataFrame(out).set_index(["problem", "method"])
+
+
+def verdict_table(doc: dict[str, Any]) -> Any:
+    """A ``pandas.DataFrame`` of a :func:`measure` document's :func:`verdicts`: per problem, the bootstrap
+    ensemble's NLL beside the GP's, their mean paired difference with its standard error, whether the goal
+    "within one standard error of the GP's NLL, or better" is met, the 90% coverage and whether it lies
+    within +-0.03 of 0.9, and the far coverage of the bootstrap and the plain ensemble and the GP (``—`` for
+    real data)."""
+    import pandas as pd
+
+    def far(v: dict[str, float], m: str) -> str:
+        x = v.get(m, math.nan)
+        return "—" if math.isnan(x) else f"{x:.2f}"
+
+    out = []
+    for v in verdicts(doc["rows"]):
+        entry: dict[str, Any] = {"problem": v["problem"], "splits": v["n_splits"]}
+        if "nll_minus_gp" in v:
+            entry.update({"NLL": f"{v['nll']:.3f}", "GP's NLL": f"{v['gp_nll']:.3f}",
+                          "difference (SE)": f"{v['nll_minus_gp']:+.3f} ({v['nll_minus_gp_se']:.3f})",
+                          "within 1 SE of the GP or better": "yes" if v["nll_matches_gp"] else "no"})
+        if "coverage90" in v:
+            entry.update({"90% coverage": f"{v['coverage90']:.3f}",
+                          "within ±0.03 of 0.9": "yes" if v["calibrated"] else "no"})
+        entry.update({"far coverage: bootstrap / plain / GP":
+                      " / ".join(far(v["far_coverage90"], m) for m in ("bootstrap", "plain", "gp"))})
+        out.append(entry)
+    return pd.DataFrame(out).set_index("problem")

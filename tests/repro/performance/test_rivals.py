@@ -109,3 +109,18 @@ def test_table_shows_mean_and_standard_error_per_problem_and_method():
     assert t.loc[("p", "bootstrap"), "RMSE"] == f"2 ± {1 / math.sqrt(3):.2g}"
     assert t.loc[("p", "gp"), "far coverage"] == "—"
     assert t.loc[("p", "gp"), "fit s (median)"] == "4.0"
+
+
+def test_verdict_table_says_whether_each_goal_is_met():
+    gp = [1.0, 1.2, 0.8, 1.1, 0.9]
+    rows = _rows([g + 0.3 + 0.01 * s for s, g in enumerate(gp)], gp, cov=0.86)
+    rows += [{**r, "problem": "q", "nll": r["nll"] - (0.5 if r["method"] == "bootstrap" else 0.0),
+              "coverage90": 0.92 if r["method"] == "bootstrap" else 0.9, "far_coverage90": math.nan}
+             for r in _rows(gp, gp)]
+    t = rivals.verdict_table({"rows": rows})
+    assert list(t.index) == ["p", "q"]
+    assert t.loc["p", "within 1 SE of the GP or better"] == "no" and t.loc["q", "within 1 SE of the GP or better"] == "yes"
+    assert t.loc["p", "within ±0.03 of 0.9"] == "no" and t.loc["q", "within ±0.03 of 0.9"] == "yes"
+    assert t.loc["p", "difference (SE)"].startswith("+0.320")
+    assert t.loc["p", "far coverage: bootstrap / plain / GP"] == "0.50 / — / 0.90"
+    assert t.loc["q", "far coverage: bootstrap / plain / GP"] == "— / — / —"
