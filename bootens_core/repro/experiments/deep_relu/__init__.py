@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from . import figures, reference, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, agreement, reference_noise,
+    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, agreement, reference_noise, sample_noise, compare,
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise", "figures",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise", "sample_noise", "compare",
+    "figures",
     "reference", "verdicts",
 ]

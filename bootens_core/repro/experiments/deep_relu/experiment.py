@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +24,8 @@ from ...config import require_x64
 from .config import DeepReluConfig
 from ....data import synthetic
 
-__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise"]
+__all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise",
+           "sample_noise", "compare"]
 
 NAME = "deep-relu"
 DESCRIPTION = "8x50 ReLU network: 200 particles at stages vs an MCMC reference (faithful MH evidence, NUTS)"
@@ -38,7 +41,9 @@ class Summary(store.TypedSummary):
     ``band_coverage``, ``inside_ref_band``) of the final particles against the NUTS reference, their values at
     the figure's ``stages`` (``*_stages``) and at every recorded step (``agreement_steps``, ``*_along``); the
     reference against itself (``reference_split_*``: first half of the chains against the second) and its noise
-    unit (``reference_noise_*``, :func:`reference_noise`), both None when the reference has a single chain;
+    unit (``reference_noise_*``, :func:`reference_noise`), both None when the reference has a single chain; the
+    noise of a sample of the ensemble's size drawn from the reference (``sample_noise_*``, :func:`sample_noise`),
+    None when the reference holds fewer than twice as many draws;
     the predictive diagnostics (``rhat_*``, ``ess_min``) and sampler statistics of NUTS and of the paper's MH on
     the faithful and on the deviation prior (``nuts_*``, ``mh_faithful_*``, ``mh_deviation_*``); the two
     priors over functions (``prior_*``) and the setting.
@@ -47,7 +52,7 @@ class Summary(store.TypedSummary):
     OPTIONAL = ((
         "reference_split_mean_abs_diff_mean", "reference_split_sd_ratio_median", "reference_split_band_coverage",
         "reference_split_inside_ref_band", "reference_noise_mad", "reference_noise_log_sd", "reference_noise_partitions",
-    ),)
+    ), ("sample_noise_mad", "sample_noise_log_sd", "sample_noise_n", "sample_noise_repeats"))
 
     n_params: int
     reference: str
@@ -102,6 +107,10 @@ class Summary(store.TypedSummary):
     reference_noise_mad: float | None = None
     reference_noise_log_sd: float | None = None
     reference_noise_partitions: int | None = None
+    sample_noise_mad: float | None = None
+    sample_noise_log_sd: float | None = None
+    sample_noise_n: int | None = None
+    sample_noise_repeats: int | None = None
 
 
 def run(
@@ -166,6 +175,99 @@ def reference_noise(f_chains: np.ndarray, max_partitions: int = 64) -> dict[str,
             "partitions": len(splits)}
 
 
+def sample_noise(f_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0,
+                 each: bool = False) -> dict[str, Any]:
+    """The noise of the two statistics the verdict judges for a sample of ``n`` functions: ``n`` of the
+    reference's own draws against the rest of them.
+
+    ``f_chains`` ``(chains, draws, n_x)``, at least ``2 n`` draws in all. Each of ``repeats`` subsets (drawn
+    without replacement from all the chains' draws, ``numpy.random.default_rng(seed)``) is compared with the
+    remaining draws by :func:`agreement`; ``mad`` is the mean of their ``mean_abs_diff_mean`` and ``log_sd`` the
+    root mean square of their ``log(sd_ratio_median)``: what an ensemble of ``n`` independent posterior draws
+    shows against a reference of the remaining size, so a unit that counts the ensemble's own sampling noise
+    as well as the reference's (draws within a chain are correlated: with a bulk ESS below the number of
+    draws the subsets vary somewhat less than independent ones). With ``each``, also the per-subset values
+    (``mad_each``, ``log_each``).
+    """
+    f_chains = np.asarray(f_chains, np.float64)
+    if f_chains.ndim != 3:
+        raise ValueError(f"need (chains, draws, n_x) predictive draws, got shape {f_chains.shape}")
+    flat = f_chains.reshape(-1, f_chains.shape[2])
+    n, repeats = int(n), int(repeats)
+    if n < 2 or 2 * n > len(flat):
+        raise ValueError(f"need 2 <= n and 2 n <= the reference's {len(flat)} draws, got n = {n}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    rng = np.random.default_rng(seed)
+    mads, logs = [], []
+    for _ in range(repeats):
+        pick = np.zeros(len(flat), bool)
+        pick[rng.choice(len(flat), n, replace=False)] = True
+        st = agreement(flat[pick], flat[~pick])
+        mads.append(st["mean_abs_diff_mean"])
+        logs.append(float(np.log(st["sd_ratio_median"])))
+    out: dict[str, Any] = {"mad": float(np.mean(mads)), "log_sd": float(np.sqrt(np.mean(np.square(logs)))),
+                           "n": n, "repeats": repeats}
+    if each:
+        out.update(mad_each=mads, log_each=logs)
+    return out
+
+
+def compare(run_arrays: Mapping[str, Any], f_ref: np.ndarray) -> dict[str, Any]:
+    """The particles of a run against reference draws: the :class:`Summary`'s agreement keys.
+
+    Args:
+        run_arrays: the run's ``along_steps`` (the recorded optimisation steps), ``f_along``
+            ``(steps, particles, n_x)`` (the particles' functions at those steps on the x grid), ``stages``
+            (the figure's steps, among ``along_steps``) and ``diverged`` ``(particles,)`` (particles left
+            out); a :class:`~bootens_core.repro.store.Result` of :func:`run` holds them.
+        f_ref: the reference's predictive draws on the same grid, ``(chains, draws, n_x)``.
+
+    Returns:
+        :func:`agreement` of the last recorded step (``mean_abs_diff_mean``, ``sd_ratio_median``,
+        ``band_coverage``, ``inside_ref_band``), the first two and ``band_coverage`` at the figure's stages
+        (``*_stages``), the first two at every recorded step (``agreement_steps``, ``*_along``), the reference's first half of chains
+        against its second (``reference_split_*``) and its half-vs-half noise (``reference_noise_*``,
+        :func:`reference_noise`), absent for a single chain, and the noise of a sample of as many functions as
+        the particles kept (``sample_noise_*``, :func:`sample_noise`), absent when the reference holds fewer
+        than twice as many draws.
+    """
+    f_ref = np.asarray(f_ref, np.float64)
+    f_along = np.asarray(run_arrays["f_along"], np.float64)
+    steps = [int(t) for t in np.asarray(run_arrays["along_steps"])]
+    stages = [int(t) for t in np.asarray(run_arrays["stages"])]
+    ok = ~np.asarray(run_arrays["diverged"], bool)
+    if f_ref.ndim != 3 or f_along.ndim != 3 or f_ref.shape[2] != f_along.shape[2]:
+        raise ValueError(f"need reference draws (chains, draws, n_x) on the run's grid of {f_along.shape[-1]} "
+                         f"points, got {f_ref.shape}")
+    if len(steps) != f_along.shape[0] or ok.shape != (f_along.shape[1],) or not set(stages) <= set(steps):
+        raise ValueError(f"{len(steps)} recorded steps, stages {stages} and {ok.shape} divergence flags for "
+                         f"particle functions of shape {f_along.shape}")
+    n_chains, n_x = f_ref.shape[0], f_ref.shape[2]
+    flat = f_ref.reshape(-1, n_x)
+    along = [agreement(f[ok], flat) for f in f_along]
+    at_stage = [along[steps.index(t)] for t in stages]
+    out: dict[str, Any] = {
+        **along[-1],
+        "mean_abs_diff_mean_stages": [a["mean_abs_diff_mean"] for a in at_stage],
+        "sd_ratio_median_stages": [a["sd_ratio_median"] for a in at_stage],
+        "band_coverage_stages": [a["band_coverage"] for a in at_stage],
+        "agreement_steps": steps,
+        "mean_abs_diff_mean_along": [a["mean_abs_diff_mean"] for a in along],
+        "sd_ratio_median_along": [a["sd_ratio_median"] for a in along],
+    }
+    half = n_chains // 2
+    if half >= 1:
+        # The noise floor of these statistics: the reference against itself (first half of the chains vs second).
+        floor = agreement(f_ref[:half].reshape(-1, n_x), f_ref[half:].reshape(-1, n_x))
+        out.update({f"reference_split_{k}": v for k, v in floor.items()})
+        out.update({f"reference_noise_{k}": v for k, v in reference_noise(f_ref).items()})
+    n_kept = int(ok.sum())
+    if 2 <= n_kept and 2 * n_kept <= len(flat):
+        out.update({f"sample_noise_{k}": v for k, v in sample_noise(f_ref, n_kept).items()})
+    return out
+
+
 def _mh(key, model, data, cfg, progress, label):
     res = samplers.metropolis_model(
         key, model, data.x, data.y, noise_var=cfg.noise_var, n_chains=cfg.mh.chains,
@@ -228,18 +330,9 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
     ]
     stages = np.asarray([t for t in snap_steps if t in set(cfg.stages)])
     f_stages = np.stack([f for t, f in zip(snap_steps, f_snaps, strict=True) if t in set(cfg.stages)])
-    ok = ~np.asarray(res.diverged)
-    f_final = f_stages[-1][ok]
-    agree = agreement(f_final, f_nuts)
-    agree_stages = [agreement(f[ok], f_nuts) for f in f_stages]
-    agree_along = [agreement(f[ok], f_nuts) for f in f_snaps]
-    noise = reference_noise(f_nuts_chains) if cfg.nuts.chains >= 2 else {}
-    # The noise floor of these statistics: the reference against itself (first half of the chains vs second).
-    half = cfg.nuts.chains // 2
-    floor = (
-        agreement(f_nuts_chains[:half].reshape(-1, f_nuts.shape[1]), f_nuts_chains[half:].reshape(-1, f_nuts.shape[1]))
-        if half >= 1 else {}
-    )
+    run_arrays = {"along_steps": np.asarray(snap_steps), "f_along": np.stack(f_snaps), "stages": stages,
+                  "diverged": np.asarray(res.diverged, bool)}
+    compared = compare(run_arrays, f_nuts_chains)
 
     def sampler_summary(prefix, res_, diag):
         return {
@@ -256,16 +349,8 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
         "rhat_max": diag_nuts["rhat_max"],
         "rhat_mean": diag_nuts["rhat_mean"],
         "ess_min": diag_nuts["ess_bulk_min"],
-        **agree,
+        **compared,
         "stages": stages.tolist(),
-        "mean_abs_diff_mean_stages": [a["mean_abs_diff_mean"] for a in agree_stages],
-        "sd_ratio_median_stages": [a["sd_ratio_median"] for a in agree_stages],
-        "band_coverage_stages": [a["band_coverage"] for a in agree_stages],
-        **{f"reference_split_{k}": v for k, v in floor.items()},
-        **{f"reference_noise_{k}": v for k, v in noise.items()},
-        "agreement_steps": snap_steps,
-        "mean_abs_diff_mean_along": [a["mean_abs_diff_mean"] for a in agree_along],
-        "sd_ratio_median_along": [a["sd_ratio_median"] for a in agree_along],
         **sampler_summary("nuts", nuts, diag_nuts),
         "nuts_divergences": int(np.sum(nuts.info.get("n_divergent", 0))),
         "nuts_mean_num_steps": float(np.mean(nuts.info.get("mean_num_steps", np.nan))),
@@ -291,6 +376,7 @@ def _compute(key: jax.Array, cfg: DeepReluConfig, progress: bool):
         "x_grid": x_grid,
         "stages": stages,
         "f_stages": f_stages,
+        **{k: v for k, v in run_arrays.items() if k != "stages"},
         "f_nuts": f_nuts,
         "f_prior_faithful": f_prior_faithful,
         "f_prior": f_prior,

@@ -9,16 +9,19 @@ from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
 from ... import plots
 from ...store import Result
+from .verdicts import noise_units
 
 __all__ = ["stages", "agreement", "along", "faithful"]
 
 
 @plots.styled
 def stages(result: Result, n_lines: int = 200) -> Figure:
-    """Figure 3: 200 particles' functions at the optimisation stages, and the NUTS reference."""
-    stages, fs = result["stages"], result["f_stages"]
+    """Figure 3: 200 particles' functions at the optimisation stages, and the NUTS reference (``n_lines`` of
+    its draws, evenly spaced over its chains and draws)."""
+    stages, fs, f_ref = result["stages"], result["f_stages"], result["f_nuts"]
     panels = [(f"step {t}", fs[i][:n_lines], plots.COLORS["particles"]) for i, t in enumerate(stages)]
-    panels.append(("NUTS reference", result["f_nuts"][:n_lines], plots.COLORS["paper"]))
+    every = np.linspace(0, len(f_ref) - 1, min(n_lines, len(f_ref))).round().astype(int)
+    panels.append(("NUTS reference", f_ref[every], plots.COLORS["paper"]))
     return plots.function_panels(result, panels, panel_width=2.3, height=2.5, alpha=0.06, ms=2.0)
 
 
@@ -56,20 +59,21 @@ def agreement(result: Result) -> Figure:
 
 @plots.styled
 def along(result: Result, limit: float = 2.0) -> Figure:
-    """The ensemble's distance from the NUTS reference along the optimisation, in units of the reference's
-    own half-vs-half noise: the mean difference and |log sd ratio|; ``limit`` is the rule's threshold
-    (``:data:`.verdicts.T_LIMIT```)."""
+    """The ensemble's distance from the NUTS reference along the optimisation in the rule's noise units
+    (:func:`.verdicts.noise_units`): the mean difference and |log sd ratio|; ``limit`` is the rule's
+    threshold (:data:`.verdicts.T_LIMIT`)."""
     s = result.summary
     steps = np.asarray(s["agreement_steps"])
-    mad = np.asarray(s["mean_abs_diff_mean_along"]) / s["reference_noise_mad"]
-    lsd = np.abs(np.log(np.asarray(s["sd_ratio_median_along"]))) / s["reference_noise_log_sd"]
+    um, us, _ = noise_units(s)
+    mad = np.asarray(s["mean_abs_diff_mean_along"]) / um
+    lsd = np.abs(np.log(np.asarray(s["sd_ratio_median_along"]))) / us
     fig, ax = plt.subplots(figsize=(5.2, 2.8))
     ax.plot(steps, mad, "o-", ms=3, color=plots.COLORS["particles"], label="mean |Δmean| / sd")
     ax.plot(steps, lsd, "s-", ms=3, color=plots.COLORS["paper"], label="|log sd ratio|")
     ax.axhline(limit, color="black", ls=":", lw=1, label=f"rule's limit ({limit:g} units)")
     ax.set_yscale("log")
     ax.set_xlabel("optimisation step")
-    ax.set_ylabel("in half-vs-half noise units")
+    ax.set_ylabel("in noise units")
     ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig

@@ -8,11 +8,16 @@ split R-hat below :data:`TARGET_RHAT` and bulk ESS at least :data:`TARGET_ESS` a
 limit or a time budget. Only ``f(x_grid)`` of each draw is kept (float32), never the 18 001 parameters.
 
 ``bootens deep-relu-reference --profile paper --out results/paper/deep-relu`` runs it in
-``results/paper/deep-relu/nuts-reference/`` (:func:`bootens_core.repro.cli.main`).
+``results/paper/deep-relu/nuts-reference/`` (:func:`bootens_core.repro.cli.main`). :func:`read` reads a run
+back for a configuration (refusing one of other data, network, prior or grid), and :func:`against` judges a
+run of the experiment against it: the chapter's particles are the same at every profile (only NUTS's settings
+differ between profiles), so a converged reference run once serves them all.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import time
@@ -27,17 +32,22 @@ from .... import models, samplers
 from ....data import synthetic
 from ....samplers import resumable
 from ...config import as_dict, require_x64
+from ...store import Result
 from .config import DeepReluConfig
+from .experiment import Summary, compare
 
 __all__ = [
     "DIRNAME",
     "TARGET_ESS",
     "TARGET_RHAT",
     "Problem",
+    "Reference",
     "ReferenceDiagnostics",
+    "against",
     "diagnostics",
     "identity",
     "problem",
+    "read",
     "run_reference",
     "sampler",
 ]
@@ -234,3 +244,94 @@ def run_reference(
         identity=identity(cfg), keep_going=keep_going, on_chunk=after_chunk, note=note,
     )
     return progress, latest[-1] if latest else current()
+
+
+class Reference(NamedTuple):
+    """A reference run read back for a configuration (:func:`read`).
+
+    Attributes:
+        f: the kept predictive draws on the configuration's x grid, ``(chains, draws, n_x)`` (float64 of the
+            stored float32).
+        diagnostics: their :func:`diagnostics` (``converged`` by :data:`TARGET_RHAT` and :data:`TARGET_ESS`).
+        accept_rate: the mean acceptance probability of the kept draws.
+        config: the configuration with the run's NUTS settings (chains, warm-up, tree depth, target
+            acceptance; ``draws``: the kept draws per chain), the one whose :func:`identity` the run holds.
+        commits: the code's commits named by the run's chunks (warm-up and kept draws), in order of first use.
+    """
+
+    f: np.ndarray
+    diagnostics: ReferenceDiagnostics
+    accept_rate: float
+    config: DeepReluConfig
+    commits: tuple[str, ...]
+
+
+def read(directory: str | os.PathLike[str], cfg: DeepReluConfig) -> Reference:
+    """The reference run in ``directory`` (every chunk checked against its manifest's sha256), as a reference
+    for ``cfg``: the run must hold ``cfg``'s seed, data, network, prior and x grid (the settings
+    :func:`identity` names, except NUTS's own), and its key must be the one :func:`problem` derives from the
+    seed for the run's NUTS settings; a run of other settings is a ValueError naming the settings that
+    differ. The experiment's code itself is not in the identity: the chunks name the commit that made them
+    (:attr:`Reference.commits`)."""
+    run = resumable.read_run(directory)
+    ident = run.manifest["identity"]
+    saved = ident.get("caller", {})
+    nuts = saved.get("nuts", {})
+    try:
+        ref_cfg = dataclasses.replace(cfg, nuts=dataclasses.replace(
+            cfg.nuts, chains=int(nuts["chains"]), warmup=int(nuts["warmup"]),
+            max_tree_depth=int(nuts["max_tree_depth"]), target_accept=float(nuts["target_accept"]),
+            draws=int(run.record.shape[1])))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{directory}: not a deep-ReLU reference run (its identity has no NUTS settings: "
+                         f"{exc})") from None
+    want = json.loads(json.dumps(identity(ref_cfg)))
+    diff = sorted(k for k in set(want) | set(saved) if k != "nuts" and want.get(k) != saved.get(k))
+    if diff:
+        shown = "; ".join(f"{k}: {saved.get(k, '<absent>')!r} there, {want.get(k, '<absent>')!r} here"
+                          for k in diff)
+        raise ValueError(f"{directory} holds a reference of other settings ({shown}): it cannot judge this "
+                         "configuration's run")
+    key = problem(jax.random.key(cfg.seed), ref_cfg).key
+    if np.asarray(jax.random.key_data(key)).astype(np.uint64).ravel().tolist() != ident.get("key"):
+        raise ValueError(f"{directory}: the run's NUTS key is not the one seed {cfg.seed} gives: it is not "
+                         "this experiment's reference")
+    if run.record.shape[1] < _MIN_DRAWS:
+        raise ValueError(f"{directory}: {run.record.shape[1]} kept draws per chain; a reference needs at least "
+                         f"{_MIN_DRAWS}")
+    commits = tuple(dict.fromkeys(str(c.get("note", {}).get("git_commit", "unknown"))
+                                  for c in (*run.manifest.get("warmup", []), *run.manifest["chunks"])))
+    return Reference(
+        f=np.asarray(run.record, np.float64), diagnostics=diagnostics(run),
+        accept_rate=float(np.mean(run.accept_prob)), config=ref_cfg, commits=commits,
+    )
+
+
+def against(result: Result, ref: Reference) -> Result:
+    """The experiment's run ``result`` judged against the reference ``ref``: the same run, its NUTS draws
+    (``f_nuts``) those of the reference and its summary's reference keys the reference's (predictive R-hat and
+    bulk ESS, NUTS's statistics, the agreement of the particles at every recorded step with it and its own
+    half-vs-half noise: :func:`.experiment.compare`); the MH, prior and ensemble keys stay the run's. The
+    figures and :mod:`.verdicts` read it as they read the run."""
+    if result.name != "deep-relu":
+        raise ValueError(f"need a run of the deep-ReLU experiment, got one of {result.name!r}")
+    n_x = np.shape(result["x_grid"])[0]
+    if ref.f.shape[2] != n_x or not np.allclose(
+            result["x_grid"], np.linspace(-ref.config.x_grid_half_width, ref.config.x_grid_half_width, n_x)):
+        raise ValueError(f"the reference's grid ({ref.f.shape[2]} points on ±{ref.config.x_grid_half_width:g}) "
+                         "is not the run's")
+    d, nuts = ref.diagnostics, ref.config.nuts
+    f = ref.f.reshape(-1, n_x)
+    # The mean predictive R-hat over the grid (the run's nuts_rhat_mean); ref.diagnostics has its maximum.
+    rhat_mean = float(np.nanmean(samplers.rhat(ref.f)))
+    summary = Summary.of(result.summary).as_summary() | compare(result.arrays, ref.f) | {
+        "reference": "NUTS",
+        "rhat_max": d.rhat_max, "rhat_mean": rhat_mean, "ess_min": d.ess_bulk_min,
+        "nuts_rhat_max": d.rhat_max, "nuts_rhat_mean": rhat_mean, "nuts_ess_min": d.ess_bulk_min,
+        "nuts_accept_rate": ref.accept_rate, "nuts_divergences": d.divergences,
+        "nuts_mean_num_steps": d.mean_num_steps, "nuts_draws_total": int(f.shape[0]),
+        "nuts_sampler": (f"NUTS (NumPyro, resumable), target accept {nuts.target_accept:g}, max tree depth "
+                         f"{nuts.max_tree_depth}, {d.chains} chains, warm-up {nuts.warmup}, {d.draws} draws"),
+    }
+    return dataclasses.replace(result, arrays={**result.arrays, "f_nuts": f},
+                               summary=Summary.of(summary).as_summary())

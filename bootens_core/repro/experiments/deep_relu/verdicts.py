@@ -11,12 +11,13 @@ from ... import report
 from ...store import summary_dict
 from .experiment import Summary
 
-__all__ = ["T_LIMIT", "RHAT_LIMIT", "ESS_MIN", "NOT_ASSESSED", "evaluate", "reference_converged", "along",
-           "drift", "reference"]
+__all__ = ["T_LIMIT", "RHAT_LIMIT", "ESS_MIN", "NOT_ASSESSED", "evaluate", "reference_converged", "noise_units",
+           "rule_size", "along", "drift", "reference"]
 
 
-# Figure 3's rule: a statistic agrees with the reference when it is within T_LIMIT of the reference's
-# own half-vs-half noise units; the reference counts as converged when its largest predictive R-hat is below
+# Figure 3's rule: a statistic agrees with the reference when it is within T_LIMIT noise units (noise_units:
+# a sample of the ensemble's size from the reference against the rest of it, or, for a reference too short for
+# that, the reference's half-vs-half noise); the reference counts as converged when its largest predictive R-hat is below
 # RHAT_LIMIT and its smallest predictive bulk ESS at least ESS_MIN (a sample smaller than that estimates
 # neither its mean nor its spread well enough to judge an ensemble against).
 T_LIMIT = 2.0
@@ -41,9 +42,40 @@ def reference_converged(s: Summary | dict[str, Any]) -> tuple[bool, str, str]:
     return not failed, verdict, evidence
 
 
+def noise_units(s: Summary | dict[str, Any]) -> tuple[float, float, str]:
+    """The rule's units for ``mean |Δmean| / sd`` and ``|log sd ratio|``, and what they are: the noise of a
+    sample of the ensemble's size drawn from the reference against the rest of it (``sample_noise_*``: the
+    sampling noise of both sides of the comparison) when the run has it; else the reference's half-vs-half
+    noise (``reference_noise_*``), which over-states the comparison's noise, and so errs towards "agrees",
+    while the reference holds at most about three times as many draws as the ensemble has particles."""
+    s = summary_dict(s)
+    if s.get("sample_noise_mad") is not None:
+        return (s["sample_noise_mad"], s["sample_noise_log_sd"],
+                f"{s['sample_noise_n']} reference draws against the rest, {s['sample_noise_repeats']} subsets")
+    return (s["reference_noise_mad"], s["reference_noise_log_sd"],
+            f"half of the reference's chains against the other half, {s['reference_noise_partitions']} splits"
+            if s.get("reference_noise_partitions") is not None else "half of the chains against the other half")
+
+
+def rule_size(f_chains: Any, n: int, repeats: int = 256, seed: int = 1) -> dict[str, float]:
+    """How often the rule says "differs" of an ensemble that is a sample of the posterior: ``repeats``
+    subsets of ``n`` of the reference's draws ``f_chains`` ``(chains, draws, n_x)``, each against the rest,
+    judged in the units of :func:`.experiment.sample_noise` at its default subsets (the units the rule uses
+    for an ensemble of ``n`` particles). Returns the share of subsets failing each statistic's limit
+    (``mad``, ``log_sd``) and either (``either``), and ``repeats``."""
+    from .experiment import sample_noise
+
+    unit = sample_noise(f_chains, n)
+    test = sample_noise(f_chains, n, repeats=repeats, seed=seed, each=True)
+    mad = np.asarray(test["mad_each"]) > T_LIMIT * unit["mad"]
+    lsd = np.abs(np.asarray(test["log_each"])) > T_LIMIT * unit["log_sd"]
+    return {"mad": float(mad.mean()), "log_sd": float(lsd.mean()), "either": float((mad | lsd).mean()),
+            "repeats": int(repeats)}
+
+
 def _agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
     """Two-sided agreement of one step with the reference: (agrees, margin, evidence)."""
-    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    um, us, _ = noise_units(s)
     ls = abs(float(np.log(sd_ratio)))
     ok, margin = report.all_pass([(mad <= T_LIMIT * um, report.distance(mad, T_LIMIT * um, um)),
                             (ls <= T_LIMIT * us, report.distance(ls, T_LIMIT * us, us))])
@@ -58,11 +90,11 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     ``reference``: the NUTS reference is converged when its largest predictive R-hat on the grid is below
     ``RHAT_LIMIT`` (1.1) and its smallest predictive bulk ESS at least ``ESS_MIN`` (100). ``agreement``
     (final step) and ``along`` (every recorded step): the paper's
-    claim that the particles "reasonably approximate" the MCMC result, judged two-sided against the
-    reference's own noise (``experiments.deep_relu.reference_noise``: half the chains against the other
-    half): the mean difference ``mean |Δmean|/sd`` must be at most ``T_LIMIT`` (2) times the
-    half-vs-half value, and ``|log sd ratio|`` (too wide and too narrow alike) at most 2 times the
-    half-vs-half root mean square. Margins are in those noise units. With a reference that is not converged
+    claim that the particles "reasonably approximate" the MCMC result, judged two-sided in the noise units
+    of :func:`noise_units` (a sample of the ensemble's size from the reference against the rest of it, or a
+    short reference's half-vs-half noise): the mean difference ``mean |Δmean|/sd`` must be at most
+    ``T_LIMIT`` (2) times the unit's mean, and ``|log sd ratio|`` (too wide and too narrow alike) at most 2
+    times the unit's root mean square. Margins are in those noise units. With a reference that is not converged
     no agreement can be judged: both read ``NOT_ASSESSED`` (the evidence says what the rule alone gives).
     """
     s = summary_dict(s)
@@ -96,9 +128,9 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
 
 def along(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """The ensemble against the reference at every recorded optimisation step: the two statistics of the
-    rule (``evaluate``) in the reference's half-vs-half noise units, and what the rule says."""
+    rule (``evaluate``) in its noise units (:func:`noise_units`), and what the rule says."""
     s = summary_dict(s)
-    um, us = s["reference_noise_mad"], s["reference_noise_log_sd"]
+    um, us, _ = noise_units(s)
     rows = []
     for t, m, r in zip(s["agreement_steps"], s["mean_abs_diff_mean_along"], s["sd_ratio_median_along"],
                        strict=True):
@@ -134,20 +166,30 @@ _REFERENCE = (
     ("NUTS half vs half: mean |Δmean| / sd", "reference_split_mean_abs_diff_mean"),
     ("NUTS half vs half: median sd ratio", "reference_split_sd_ratio_median"),
     ("NUTS half vs half: band coverage", "reference_split_band_coverage"),
-    ("noise unit: mean |Δmean| / sd, mean over half splits", "reference_noise_mad"),
-    ("noise unit: |log sd ratio|, rms over half splits", "reference_noise_log_sd"),
+    ("half vs half: mean |Δmean| / sd, mean over half splits", "reference_noise_mad"),
+    ("half vs half: |log sd ratio|, rms over half splits", "reference_noise_log_sd"),
     ("half splits of the chains", "reference_noise_partitions"),
+    ("sample of the ensemble's size vs the rest: mean |Δmean| / sd", "sample_noise_mad"),
+    ("sample of the ensemble's size vs the rest: |log sd ratio|, rms", "sample_noise_log_sd"),
+    ("sample size (the particles kept)", "sample_noise_n"),
     ("paper's MH, faithful prior: acceptance", "mh_faithful_accept_rate"),
     ("paper's MH, deviation prior: acceptance", "mh_deviation_accept_rate"),
 )
 
 
-def reference(s: Summary | dict[str, Any]) -> pd.DataFrame:
+def reference(s: Summary | dict[str, Any], short: Summary | dict[str, Any] | None = None) -> pd.DataFrame:
     """The deep-ReLU chapter's reference, by readable label: NUTS's convergence diagnostics, its half-vs-half
-    noise (the unit of the agreement rule) and the paper's MH acceptance rates, from the run's summary ``s``
-    (NaN for a quantity the run did not compute)."""
-    s = summary_dict(s)
-    return pd.DataFrame(
-        {"value": [float(s.get(key, float("nan"))) for _, key in _REFERENCE]},
-        index=pd.Index([label for label, _ in _REFERENCE], name="quantity"),
-    )
+    noise and a sample of the ensemble's size against the rest (the units of the agreement rule,
+    :func:`noise_units`) and the paper's MH acceptance rates, from the summary ``s`` (NaN
+    for a quantity the run did not compute). With ``short`` (the summary of a run whose own NUTS reference is
+    shorter, e.g. the chapter's profile beside a reference read with
+    :func:`.reference.against`), one column each: ``reference`` and ``short run``."""
+    index = pd.Index([label for label, _ in _REFERENCE], name="quantity")
+
+    def column(x: Summary | dict[str, Any]) -> list[float]:
+        d = summary_dict(x)
+        return [float("nan") if d.get(key) is None else float(d[key]) for _, key in _REFERENCE]
+
+    if short is None:
+        return pd.DataFrame({"value": column(s)}, index=index)
+    return pd.DataFrame({"reference": column(s), "short run": column(short)}, index=index)

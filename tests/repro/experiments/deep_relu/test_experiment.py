@@ -64,6 +64,52 @@ def test_reference_noise_shape_errors():
         deep_relu.reference_noise(np.zeros((1, 5, 3)))
 
 
+def test_compare_is_agreement_step_by_step_and_the_references_noise():
+    rng = np.random.default_rng(1)
+    f_along = rng.normal(size=(3, 6, 4))
+    f_ref = rng.normal(size=(4, 5, 4))
+    diverged = np.array([False, True, False, False, False, False])
+    arrays = {"along_steps": np.array([0, 10, 20]), "f_along": f_along, "stages": np.array([0, 20]),
+              "diverged": diverged}
+    got = deep_relu.compare(arrays, f_ref)
+    flat = f_ref.reshape(-1, 4)
+    each = [deep_relu.agreement(f[~diverged], flat) for f in f_along]
+    assert {k: got[k] for k in each[-1]} == each[-1]
+    assert got["agreement_steps"] == [0, 10, 20]
+    assert got["mean_abs_diff_mean_along"] == [e["mean_abs_diff_mean"] for e in each]
+    assert got["sd_ratio_median_along"] == [e["sd_ratio_median"] for e in each]
+    assert got["band_coverage_stages"] == [each[0]["band_coverage"], each[2]["band_coverage"]]
+    split = deep_relu.agreement(f_ref[:2].reshape(-1, 4), f_ref[2:].reshape(-1, 4))
+    assert {k: got[f"reference_split_{k}"] for k in split} == split
+    assert {k: got[f"reference_noise_{k}"] for k in ("mad", "log_sd", "partitions")} == deep_relu.reference_noise(f_ref)
+    # 20 draws, at least twice the 5 particles kept: the noise of 5 of them against the rest
+    assert {k: got[f"sample_noise_{k}"] for k in ("mad", "log_sd", "n", "repeats")} == deep_relu.sample_noise(f_ref, 5)
+    few = deep_relu.compare(arrays, f_ref[:, :2])  # 8 draws
+    assert not any(k.startswith("sample_noise") for k in few) and "reference_noise_mad" in few
+    single = deep_relu.compare(arrays, f_ref[:1])
+    assert not any(k.startswith("reference_") for k in single)
+    with pytest.raises(ValueError, match="on the run's grid of 4 points"):
+        deep_relu.compare(arrays, f_ref[..., :3])
+    with pytest.raises(ValueError, match="stages"):
+        deep_relu.compare({**arrays, "stages": np.array([5])}, f_ref)
+
+
+def test_sample_noise_is_the_noise_of_independent_samples_of_that_size():
+    """Independent N(0, 1) draws at 3 grid points, 20 against 180: mean |Δmean|/sd is E|N(0, 1/20 + 1/180)| =
+    sqrt(2/pi) sqrt(1/20 + 1/180) and log sd ratio has sd about sqrt(1/(2*19) + 1/(2*179)), up to the
+    Monte-Carlo error of 400 subsets (and of the median over 3 points)."""
+    f = np.random.default_rng(3).normal(size=(4, 50, 3))
+    got = deep_relu.sample_noise(f, 20, repeats=400, seed=2, each=True)
+    want_mad = np.sqrt(2 / np.pi) * np.sqrt(1 / 20 + 1 / 180)
+    assert got["mad"] == pytest.approx(want_mad, rel=0.1)
+    assert 0.5 * np.sqrt(1 / 38 + 1 / 358) < got["log_sd"] < 1.2 * np.sqrt(1 / 38 + 1 / 358)
+    assert len(got["mad_each"]) == 400 and got["n"] == 20 and got["repeats"] == 400
+    assert deep_relu.sample_noise(f, 20, repeats=5) == deep_relu.sample_noise(f, 20, repeats=5)  # seeded
+    for bad in (1, 101):
+        with pytest.raises(ValueError, match="2 n <= the reference's 200 draws"):
+            deep_relu.sample_noise(f, bad)
+
+
 CFG = DeepReluConfig.quick()
 
 

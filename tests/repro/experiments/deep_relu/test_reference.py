@@ -4,7 +4,9 @@ ArviZ's R-hat and ESS say on draws of known law, and the command runs, resumes a
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -43,6 +45,30 @@ def test_the_reference_draws_are_the_experiments_nuts_draws(tmp_path):
     assert diag.divergences == exp.summary["nuts_divergences"]
     assert diag.mean_num_steps == pytest.approx(exp.summary["nuts_mean_num_steps"])
     assert run.manifest["identity"]["caller"] == json.loads(json.dumps(reference.identity(TINY)))
+    # Read back for the experiment's configuration, the reference judges the run as its own NUTS did: the same
+    # draws give the same summary (up to the record's float32) and the same verdicts.
+    ref = reference.read(tmp_path / "ref", TINY)
+    assert ref.config == TINY and ref.diagnostics == diag and ref.f.dtype == np.float64
+    judged = reference.against(exp, ref)
+    assert judged.summary.keys() == exp.summary.keys()
+    for k, v in exp.summary.items():
+        if k in ("nuts_sampler", "nuts_rhat_max", "nuts_rhat_mean", "nuts_ess_min", "nuts_accept_rate",
+                 "rhat_max", "rhat_mean", "ess_min"):
+            continue  # the sampler's description; its diagnostics below
+        if isinstance(v, (list, float)):
+            np.testing.assert_allclose(judged.summary[k], v, rtol=1e-4, err_msg=k)
+        else:
+            assert judged.summary[k] == v, k
+    assert judged.summary["rhat_max"] == diag.rhat_max and judged.summary["ess_min"] == diag.ess_bulk_min
+    np.testing.assert_allclose(judged["f_nuts"], exp["f_nuts"], rtol=2e-6, atol=2e-6 * np.abs(want).max())
+    np.testing.assert_array_equal(judged["f_stages"], exp["f_stages"])
+    # A configuration of other data, network or grid is refused, naming what differs; NUTS's settings may differ.
+    for change, named in (({"noise_var": 0.2}, "noise_var: 0.1 there, 0.2 here"), ({"width": 6}, "width"),
+                          ({"x_grid_points": 11}, "x_grid_points"), ({"seed": 1}, "seed")):
+        with pytest.raises(ValueError, match=named):
+            reference.read(tmp_path / "ref", dataclasses.replace(TINY, **change))
+    other_nuts = dataclasses.replace(TINY, nuts=dataclasses.replace(TINY.nuts, chains=3, max_tree_depth=6))
+    assert reference.read(tmp_path / "ref", other_nuts).config == TINY
 
 
 def _record(f: np.ndarray, num_steps: np.ndarray) -> resumable.RunRecord:
@@ -95,3 +121,28 @@ def test_command_runs_resumes_and_refuses_other_settings(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds a run of other settings (caller.noise_var: 0.1 there, 0.2 here" in err[0]
     assert json.loads((where / resumable.MANIFEST).read_text()) == manifest
+
+
+COMMITTED = Path(__file__).resolve().parents[4] / "results" / "paper" / "deep-relu" / reference.DIRNAME
+
+
+def test_the_committed_reference_is_converged_and_serves_every_profile():
+    """results/paper/deep-relu/nuts-reference: the chapter's reference, read for the quick and the paper
+    profiles (they differ in NUTS's settings only) and converged by the targets it was run to."""
+    if not COMMITTED.is_dir():
+        pytest.skip("no committed reference in this checkout")
+    for cfg in (DeepReluConfig.quick(), DeepReluConfig.paper()):
+        ref = reference.read(COMMITTED, cfg)
+        assert ref.f.shape == (10, ref.diagnostics.draws, cfg.x_grid_points) and ref.diagnostics.draws >= 4
+        # the paper profile's NUTS settings (and its draws), the rest the configuration's
+        assert ref.config == dataclasses.replace(cfg, nuts=dataclasses.replace(
+            DeepReluConfig.paper().nuts, draws=ref.diagnostics.draws))
+        d = ref.diagnostics
+        assert d.converged and d.rhat_max < reference.TARGET_RHAT and d.ess_bulk_min >= reference.TARGET_ESS
+    with pytest.raises(ValueError, match="n_data: 40 there, 30 here"):
+        reference.read(COMMITTED, DeepReluConfig(n_data=30))
+
+
+def test_reading_a_directory_without_a_run_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a resumable NUTS run"):
+        reference.read(tmp_path, TINY)

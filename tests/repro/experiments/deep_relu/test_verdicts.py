@@ -62,6 +62,33 @@ def test_deep_relu_drift_reads_the_along_table():
     assert "from 1.00 to 3.00 noise units" in text and "sd ratio from 1.00 to 1.50" in text
 
 
+def test_the_rules_units_are_the_sample_noise_when_the_run_has_it():
+    """A run with the noise of a sample of its size (a long reference) is judged in those units; without
+    (a short reference), in the half-vs-half units."""
+    half = deep_relu.verdicts.noise_units(_deep(reference_noise_partitions=3))
+    assert half[:2] == (0.15, 0.1) and "3 splits" in half[2]
+    s = _deep(sample_noise_mad=0.05, sample_noise_log_sd=0.02, sample_noise_n=200, sample_noise_repeats=64)
+    assert deep_relu.verdicts.noise_units(s)[:2] == (0.05, 0.02)
+    assert "200 reference draws against the rest" in deep_relu.verdicts.noise_units(s)[2]
+    # 0.2 and log 1.1 are inside 2 x (0.15, 0.1) but outside 2 x (0.05, 0.02)
+    assert str(deep_relu.verdicts.evaluate(_deep())["agreement"]) == "reproduced"
+    assert str(deep_relu.verdicts.evaluate(s)["agreement"]) == "NOT reproduced"
+    assert deep_relu.verdicts.along(s).loc[100, "in noise units"] == pytest.approx(0.2 / 0.05)
+
+
+def test_the_rule_says_differs_of_a_sample_of_the_posterior_rarely():
+    """Subsets of independent draws are samples of the same law: the rule fails them at about the size of a
+    two-sided test at 2 sd per statistic (about 5% for |log sd ratio|, less for the mean difference, whose
+    limit is twice its mean; below 10% each with the units' own noise, either below 15%), on 400 subsets
+    (Monte-Carlo sd about 1 point). In half-vs-half units (here 500 draws against 500) a sample of 100 would
+    fail about a quarter of the time."""
+    f = np.random.default_rng(7).normal(size=(4, 250, 5))
+    size = deep_relu.verdicts.rule_size(f, 100, repeats=400)
+    assert size["repeats"] == 400
+    assert size["log_sd"] < 0.1 and size["mad"] < 0.1 and size["either"] < 0.15
+    assert size["either"] >= max(size["mad"], size["log_sd"])
+
+
 def test_deep_relu_along_table():
     t = deep_relu.verdicts.along(_deep())
     assert list(t.index) == [0, 100, 200]
@@ -74,8 +101,8 @@ def test_deep_relu_reference_table_reads_the_summary():
     keys = ["nuts_rhat_max", "nuts_rhat_mean", "nuts_ess_min", "nuts_divergences", "nuts_mean_num_steps",
             "nuts_accept_rate", "nuts_draws_total", "reference_split_mean_abs_diff_mean",
             "reference_split_sd_ratio_median", "reference_split_band_coverage", "reference_noise_mad",
-            "reference_noise_log_sd", "reference_noise_partitions", "mh_faithful_accept_rate",
-            "mh_deviation_accept_rate"]
+            "reference_noise_log_sd", "reference_noise_partitions", "sample_noise_mad", "sample_noise_log_sd",
+            "sample_noise_n", "mh_faithful_accept_rate", "mh_deviation_accept_rate"]
     s = {k: float(i) for i, k in enumerate(keys)}
     del s["reference_split_band_coverage"]  # not computed by this run
     t = deep_relu.verdicts.reference(s)
@@ -83,3 +110,9 @@ def test_deep_relu_reference_table_reads_the_summary():
     assert t.loc["NUTS bulk ESS, min over x", "value"] == keys.index("nuts_ess_min")
     assert np.isnan(t.loc["NUTS half vs half: band coverage", "value"])
     assert not any("_" in label for label in t.index)  # readable labels, no summary keys
+    # Beside a shorter run: one column each, the same rows.
+    short = {k: -v for k, v in s.items()}
+    both = deep_relu.verdicts.reference(s, short)
+    assert list(both.columns) == ["reference", "short run"] and list(both.index) == list(t.index)
+    assert both["reference"].equals(t["value"].rename("reference"))
+    assert both.loc["NUTS bulk ESS, min over x", "short run"] == -keys.index("nuts_ess_min")
