@@ -207,18 +207,18 @@ def auto_particle_batch(model: Any, opt: Any, state: Any, x: Any, noise_var: Any
     model's and optimizer's program keys and the shapes, so a second call costs nothing. Inside
     :func:`forced_particle_batch` the forced size is returned (capped at ``k``: ``None``); inside
     :func:`recorded_particle_batches` every answer is recorded."""
-    group = _auto_particle_batch(model, opt, state, x, noise_var, noise_axis)
+    k = int(jax.tree.leaves(state.params)[0].shape[0])
+    group = _auto_particle_batch(model, opt, state, x, noise_var, noise_axis, k)
     seen = _RECORDED.get()
     if seen is not None:
-        seen.append((int(jax.tree.leaves(state.params)[0].shape[0]), group))
+        seen.append((k, group))
     return group
 
 
 def _auto_particle_batch(model: Any, opt: Any, state: Any, x: Any, noise_var: Any,
-                         noise_axis: int | None) -> int | None:
+                         noise_axis: int | None, k: int) -> int | None:
     from ..models import program_key
 
-    k = int(jax.tree.leaves(state.params)[0].shape[0])
     forced = _FORCED.get()
     if forced is not _UNSET:
         return None if forced is None or forced >= k else forced

@@ -205,24 +205,24 @@ def measure_groups(key: jax.Array, cfg: UCIConfig, dataset: str = "boston", hidd
     layers = f"{int(hidden_layers)} hidden layer{'s' if int(hidden_layers) != 1 else ''}"
     jobs = [(f"UCI cell: {dataset.capitalize()}, {layers}, split {int(split)}", run_cell)]
     jobs += [("estimator fit: diabetes", fit_estimator)] if estimator else []
-    ways = {"grouped": "auto", "all at once": None}
+    ways = ("grouped", "all at once")  # the library's groups; every particle in one vmap
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs) * repeats * 2, desc="groups", unit="call")
+        bar = tqdm(total=len(jobs) * repeats * len(ways), desc="groups", unit="call")
     rows = []
     try:
         for what, fn in jobs:
             for r in range(repeats):
-                for way in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+                for way in (ways if r % 2 == 0 else ways[::-1]):
                     scores: dict[str, float] = {}
 
                     def call(fn: Callable[[], dict[str, float]] = fn, scores: dict[str, float] = scores) -> None:
                         scores.update(fn())
 
                     with ensemble.recorded_particle_batches() as seen:
-                        if ways[way] == "auto":
+                        if way == "grouped":
                             row = timed_call(call)
                         else:
                             with ensemble.forced_particle_batch(None):

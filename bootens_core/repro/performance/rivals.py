@@ -37,7 +37,7 @@ from scipy import stats
 from ... import metrics
 
 __all__ = ["METHODS", "PROBLEMS", "Problem", "Scores", "make_problem", "score_mixture", "score_gaussian",
-           "measure", "verdicts", "verdict_table"]
+           "measure", "verdicts", "table", "verdict_table"]
 
 METHODS = ("bootstrap", "plain", "gp", "bagged-mlp")
 PROBLEMS = ("diabetes", "friedman1", "friedman3", "sinusoid-gap")
