@@ -23,7 +23,7 @@ __all__ = [
     "by_column", "by_family", "paper_prior", "coverage", "runs", "lbfgs_variants",
     "noise_selection", "sghmc_study", "SCALE_FIELDS", "paper_scale", "lbfgs_summary", "paired", "ranking",
     "claim", "published", "gaussian_mnll", "mnll_excess", "published_sources",
-    "repeats", "calibration", "LEVELS", "deep_lr",
+    "repeats", "calibration", "LEVELS", "deep_lr", "grid_sensitivity",
 ]
 
 
@@ -529,6 +529,83 @@ def repeats(
     cols = ["repeat", "dataset", "method", "metric", "splits", "higher on", "repeat − reference", "t (df)", "p",
             "repeat is"]
     return pd.DataFrame(rows, columns=cols).set_index(["repeat", "dataset", "method", "metric"])
+
+
+def grid_sensitivity(
+    records: Sequence[Mapping[str, Any]], finer: Sequence[Mapping[str, Any]], level: float = 0.05,
+) -> tuple[pd.DataFrame, pd.DataFrame, report.Text]:
+    """How the σ² grid's resolution moves the comparative claim: the same ensemble cells selected on a finer
+    grid (``finer``: cells of the same datasets, splits and method ids as cells of ``records``, made with
+    another ``noise_grid``), against the record's.
+
+    Returns three things. ``selected``: per dataset, method and split, the σ² each grid selected (standardised
+    label units) and the two cells' test RMSE and MNLL. ``pairs``: the comparative claim's pairs
+    (:func:`claim`'s rule: the ensemble against the best baseline, paired over the common splits at ``level``)
+    on the datasets ``finer`` holds, restricted to the splits it holds, once with the record's cells and once
+    with the finer grid's in their place; whether the pair's verdict moves. ``text``: how many of those pairs
+    move, with the denominator; a pair needs :data:`~bootens_core.repro.experiments.uci.MIN_SPLITS` common
+    splits, so with fewer splits there is none. A finer cell the record lacks is a ``ValueError``."""
+
+    def cell_id(r: Mapping[str, Any]) -> tuple[str, int, str]:
+        return str(r["dataset"]), int(r["split"]), experiment.method_id(r)
+
+    grid_cells = {cell_id(r): r for r in records}
+    fine_cells = {cell_id(r): r for r in finer}
+    missing = sorted(set(fine_cells) - set(grid_cells))
+    if missing:
+        raise ValueError(f"the record holds no cell for {', '.join(f'{d}/{m}/split {s}' for d, s, m in missing)}: "
+                         "a finer grid's cell needs its counterpart")
+    selected = pd.DataFrame(
+        [{"dataset": d, "method": _label(m), "split": s,
+          "σ² (grid)": float(grid_cells[(d, s, m)]["noise_var_std_units"]),
+          "σ² (finer)": float(fine_cells[(d, s, m)]["noise_var_std_units"]),
+          "RMSE (grid)": float(grid_cells[(d, s, m)]["test_rmse"]),
+          "RMSE (finer)": float(fine_cells[(d, s, m)]["test_rmse"]),
+          "MNLL (grid)": float(grid_cells[(d, s, m)]["test_mnll"]),
+          "MNLL (finer)": float(fine_cells[(d, s, m)]["test_mnll"])}
+         for d, s, m in sorted(fine_cells)],
+        columns=["dataset", "method", "split", "σ² (grid)", "σ² (finer)", "RMSE (grid)", "RMSE (finer)",
+                 "MNLL (grid)", "MNLL (finer)"],
+    ).set_index(["dataset", "method", "split"])
+    splits = {(d, s) for d, s, _ in fine_cells}
+    kept = [r for r in records if (str(r["dataset"]), int(r["split"])) in splits]
+    swapped = [fine_cells.get(cell_id(r), r) for r in kept]
+    ensembles = tuple(sorted({m for _, _, m in fine_cells}))
+
+    def pairs_of(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+        c = experiment.comparative_claim(recs, ensembles=ensembles, level=level)
+        return {(e, p["dataset"], p["metric"]): p for e, v in c["ensembles"].items() for p in v["pairs"]}
+
+    before, after = pairs_of(kept), pairs_of(swapped)
+    rows, moved = [], 0
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+
+        def shown(p: Mapping[str, Any] | None) -> str:
+            return "—" if p is None else f"{report.sig(p['diff'])} ± {report.sig(p['se'], 2)} (p {p['p']:.3g})"
+
+        def verdict(p: Mapping[str, Any] | None) -> str:
+            return "—" if p is None else ("competitive" if p["competitive"] else "significantly worse")
+
+        moves = verdict(b) != verdict(a)
+        moved += moves
+        e, d, metric = key
+        rows.append({"ensemble": _label(e), "dataset": d, "metric": metric.upper(),
+                     "splits": (b or a)["n"],
+                     "best baseline (grid)": _label(b["baseline"]) if b else "—",
+                     "ensemble − best (grid)": shown(b), "grid": verdict(b),
+                     "best baseline (finer)": _label(a["baseline"]) if a else "—",
+                     "ensemble − best (finer)": shown(a), "finer": verdict(a),
+                     "moves": "yes" if moves else "no"})
+    cols = ["ensemble", "dataset", "metric", "splits", "best baseline (grid)", "ensemble − best (grid)", "grid",
+            "best baseline (finer)", "ensemble − best (finer)", "finer", "moves"]
+    pairs = pd.DataFrame(rows, columns=cols).set_index(["ensemble", "dataset", "metric"])
+    if not rows:
+        text = (f"no pair yet: the finer grid's cells give no dataset {experiment.MIN_SPLITS} splits shared with "
+                "a baseline")
+    else:
+        text = f"the verdict moves on {moved} of {len(rows)} pair{'s' * (len(rows) != 1)} tested on the finer grid's splits"
+    return selected, pairs, report.Text(text)
 
 
 def ranking(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

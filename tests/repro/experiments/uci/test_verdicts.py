@@ -459,3 +459,34 @@ def test_paper_prior_verdict_follows_its_rule():
     # a failing dataset beside one where ours is lower: not a clean failure of the setting
     assert str(uci.verdicts.paper_prior([far, low])[0]) == "inconclusive"
     assert str(uci.verdicts.paper_prior([few])[0]) == "too few splits"
+
+
+def test_grid_sensitivity_pairs_the_finer_cells_with_the_records_on_their_splits():
+    """Power: the grid's ensemble is worse than the GP by 0.5 on every split (significantly worse); on the
+    finer grid's splits 0-2 it is within ±0.1 of the GP (competitive): that pair moves. MNLL: worse under both
+    (does not move). Yacht has no finer cell, so no pair of its appears; split 3 of Power is left out."""
+    gp = [(1.0 + 0.1 * k, 2.0 + 0.1 * k, 0.95) for k in range(4)]
+    grid = [(r + 0.5 + 0.01 * k, m + 0.5 + 0.02 * k, c) for k, (r, m, c) in enumerate(gp)]
+    records = _records({("power", "ensemble", 1): grid, ("power", "gp", 0): gp,
+                        ("yacht", "ensemble", 1): grid, ("yacht", "gp", 0): gp})
+    for r in records:
+        r["noise_var_std_units"] = 0.0316
+    finer = [{**r, "test_rmse": r["test_rmse"] - 0.5 + (0.1 if r["split"] % 2 else -0.1),
+              "noise_var_std_units": 0.042}
+             for r in records if r["dataset"] == "power" and r["method"] == "ensemble" and r["split"] < 3]
+    selected, pairs, text = uci.verdicts.grid_sensitivity(records, finer)
+    assert list(selected.index) == [("power", "Ensemble 1-layer", s) for s in range(3)]
+    assert (selected["σ² (grid)"] == 0.0316).all() and (selected["σ² (finer)"] == 0.042).all()
+    assert selected.loc[("power", "Ensemble 1-layer", 1), "RMSE (finer)"] == pytest.approx(1.21)
+    assert list(pairs.index) == [("Ensemble 1-layer", "power", "MNLL"), ("Ensemble 1-layer", "power", "RMSE")]
+    assert list(pairs["splits"]) == [3, 3]
+    assert pairs.loc[("Ensemble 1-layer", "power", "RMSE"), ["grid", "finer", "moves"]].tolist() == [
+        "significantly worse", "competitive", "yes"]
+    assert pairs.loc[("Ensemble 1-layer", "power", "MNLL"), ["grid", "finer", "moves"]].tolist() == [
+        "significantly worse", "significantly worse", "no"]
+    assert str(text) == "the verdict moves on 1 of 2 pairs tested on the finer grid's splits"
+    # Fewer than 3 splits: no pair, said so; a finer cell without its counterpart is refused.
+    _, none, few = uci.verdicts.grid_sensitivity(records, finer[:2])
+    assert none.empty and str(few).startswith("no pair yet")
+    with pytest.raises(ValueError, match="power/ensemble-1/split 7"):
+        uci.verdicts.grid_sensitivity(records, [{**finer[0], "split": 7}])
