@@ -26,13 +26,13 @@ import numpy as np
 
 from .... import classification, ensemble, samplers, metrics, models
 from ....baselines import deep_ensemble, dropout
-from ... import store
+from ... import noise, store
 from ...config import require_x64
 from .config import ClassificationConfig
 from ....data import synthetic, tabular
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run",
-           "agreement", "reference_noise"]
+           "agreement", "reference_noise", "sample_noise"]
 
 NAME = "classification"
 DESCRIPTION = "Dirichlet latent regression + Algorithm 1 vs NUTS (1-D), and real data with ECE"
@@ -50,14 +50,17 @@ class Summary(store.TypedSummary):
     Synthetic part: the agreement statistics of :func:`agreement` of the bootstrap ensemble (``*_vs_mcmc``) and
     of the plain ensemble (``plain_*``) with the NUTS reference, the reference against itself
     (``reference_split_*``: first half of the chains against the second), its noise unit
-    (``reference_noise_*``, :func:`reference_noise`: the unit of the agreement rule), its diagnostics
+    (``reference_noise_*``, :func:`reference_noise`), the noise of a sample of the bootstrap ensemble's size
+    drawn from it (``sample_noise_*``, :func:`sample_noise`; None when the reference holds fewer than twice as
+    many draws; the rule's unit when present, :func:`.verdicts.noise_units`), its diagnostics
     (``rhat_*``, ``ess_bulk_min``, ``nuts_*``), the ``alpha_eps`` study
     (statistics per value, and the value with the smallest band difference, None without a study) and the
     setting. Real part: ``real``, per dataset the splits' metrics of each method (a nested dict read by
     :mod:`.verdicts`), and its setting (``real_*``, ``ece_bins``, ``deep_ensemble``: the deep ensemble's).
     """
 
-    OPTIONAL = (("alpha_eps_best_band_mad",),)
+    OPTIONAL = (("alpha_eps_best_band_mad",),
+                ("sample_noise_prob_mad", "sample_noise_log_width", "sample_noise_n", "sample_noise_repeats"))
 
     prob_mad_vs_mcmc: float
     band_mad_vs_mcmc: float
@@ -96,6 +99,10 @@ class Summary(store.TypedSummary):
     real_particles: int
     deep_ensemble: str
     alpha_eps_best_band_mad: float | None = None
+    sample_noise_prob_mad: float | None = None
+    sample_noise_log_width: float | None = None
+    sample_noise_n: int | None = None
+    sample_noise_repeats: int | None = None
 
 
 def run(
@@ -145,8 +152,10 @@ def reference_noise(p_chains: np.ndarray, max_partitions: int = 64, level: float
     ``max_partitions``, each unordered split once; with an odd count the last chain of the complement is left
     out) gives one half-vs-half :func:`agreement`; ``prob_mad`` is the mean of their mean gaps, ``log_width``
     the root mean square of their ``log(width_ratio)``. The same construction as the deep-ReLU chapter's
-    (``deep_relu.reference_noise``). Each half holds half the draws, so these over-state the noise of a
-    comparison with the whole reference: a rule judged in these units errs towards "agrees".
+    (``deep_relu.reference_noise``). Each half holds half the draws: these leave out the ensemble's own
+    sampling noise, and they over-state the noise of a comparison with the whole reference only while the
+    reference holds at most about three times as many draws as the ensemble has members (then the rule errs
+    towards "agrees"); :func:`sample_noise` is the unit for a longer reference.
     """
     p_chains = np.asarray(p_chains, np.float64)
     if p_chains.ndim != 3 or p_chains.shape[0] < 2:
@@ -162,6 +171,34 @@ def reference_noise(p_chains: np.ndarray, max_partitions: int = 64, level: float
         logs.append(np.log(st["width_ratio"]))
     return {"prob_mad": float(np.mean(mads)), "log_width": float(np.sqrt(np.mean(np.square(logs)))),
             "partitions": len(splits)}
+
+
+def sample_noise(p_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0,
+                 level: float = 0.95, each: bool = False) -> dict[str, Any]:
+    """The noise of the two statistics the agreement rule judges for a sample of ``n`` classifiers: ``n`` of
+    the reference's draws against the rest of them (:func:`bootens_core.repro.noise.subsets`, at least ``2 n``
+    draws in all).
+
+    ``p_chains`` ``(chains, draws, n_x)``. ``prob_mad`` is the mean over the subsets of :func:`agreement`'s mean
+    gap, ``log_width`` the root mean square of its ``log(width_ratio)``: what a sample of ``n`` posterior draws
+    shows against a reference of the remaining size, the sampling noise of both sides of the comparison. With
+    ``each``, also the per-subset values (``prob_mad_each``, ``log_each``).
+    """
+    p_chains = np.asarray(p_chains, np.float64)
+    if p_chains.ndim != 3:
+        raise ValueError(f"need (chains, draws, n_x) probabilities, got shape {p_chains.shape}")
+
+    def statistic(sample: np.ndarray, rest: np.ndarray) -> tuple[float, float]:
+        st = agreement(sample, rest, level)
+        return st["prob_mad"], float(np.log(st["width_ratio"]))
+
+    stats = noise.subsets(p_chains.reshape(-1, p_chains.shape[2]), n, statistic, repeats, seed)
+    mads, logs = [m for m, _ in stats], [g for _, g in stats]
+    out: dict[str, Any] = {"prob_mad": float(np.mean(mads)), "log_width": float(np.sqrt(np.mean(np.square(logs)))),
+                           "n": int(n), "repeats": int(repeats)}
+    if each:
+        out.update(prob_mad_each=mads, log_each=logs)
+    return out
 
 
 def _model(cfg: ClassificationConfig, in_dim: int, n_classes: int) -> models.Model:
@@ -225,7 +262,9 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         study[float(a)] = (agreement(p_a, p_nuts), p_a)
     half = cfg.nuts.chains // 2
     floor = agreement(p_chains[:half].reshape(-1, x_grid.size), p_chains[half:].reshape(-1, x_grid.size))
-    noise = reference_noise(p_chains)
+    noise_half = reference_noise(p_chains)
+    n_kept = int((~fits["bootstrap"].ensemble.diverged).sum())
+    sample = sample_noise(p_chains, n_kept) if 2 <= n_kept and 2 * n_kept <= p_nuts.shape[0] else None
 
     def finite(v: np.ndarray, fn) -> float:
         v = v[np.isfinite(v)]
@@ -244,9 +283,10 @@ def _synthetic(key: jax.Array, cfg: ClassificationConfig, progress: bool):
         "reference_split_prob_mad": floor["prob_mad"],
         "reference_split_band_mad": floor["band_mad"],
         "reference_split_width_ratio": floor["width_ratio"],
-        "reference_noise_prob_mad": noise["prob_mad"],
-        "reference_noise_log_width": noise["log_width"],
-        "reference_noise_partitions": noise["partitions"],
+        "reference_noise_prob_mad": noise_half["prob_mad"],
+        "reference_noise_log_width": noise_half["log_width"],
+        "reference_noise_partitions": noise_half["partitions"],
+        **({} if sample is None else {f"sample_noise_{k}": v for k, v in sample.items()}),
         "rhat_max": finite(rhat, np.max),
         "rhat_mean": finite(rhat, np.mean),
         "ess_bulk_min": finite(ess, np.min),

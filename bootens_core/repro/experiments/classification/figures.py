@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from ... import plots
 from ...store import Result
+from .verdicts import noise_units
 from .experiment import METHOD_LABELS
 
 __all__ = ["bands", "latent", "reliability", "alpha"]
@@ -114,13 +115,15 @@ def reliability(result: Result, dataset: str, n_bins: int | None = None) -> Figu
 @plots.styled
 def alpha(result: Result, limit: float = 2.0) -> Figure:
     """Agreement with NUTS against alpha_eps, in the rule's terms: the mean gap |Δ mean p| and |log band-width
-    ratio|, each in units of NUTS's half-vs-half noise, with the rule's ``limit`` (the bootstrap agrees where
-    both are below it); and the band at the alpha_eps whose band edges are closest to NUTS's."""
+    ratio|, each in the rule's noise units (:func:`.verdicts.noise_units`), with the rule's ``limit`` (the
+    bootstrap agrees where both are below it); and the band at the alpha_eps whose band edges are closest to
+    NUTS's."""
     a = result["alpha_study"]
+    um, uw, _ = noise_units(result.summary)
     s = result.summary
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 2.9))
-    gap = result["alpha_study_prob_mad"] / s["reference_noise_prob_mad"]
-    width = np.abs(np.log(result["alpha_study_width_ratio"])) / s["reference_noise_log_width"]
+    gap = result["alpha_study_prob_mad"] / um
+    width = np.abs(np.log(result["alpha_study_width_ratio"])) / uw
     ax0.plot(a, gap, "o-", color=plots.COLORS["particles"], label="mean gap")
     ax0.plot(a, width, "s-", color=plots.COLORS["law"], label="|log band-width ratio|")
     ax0.axhline(limit, color=plots.COLORS["paper"], ls=":", lw=1, label=f"the rule's limit ({limit:g} units)")

@@ -13,14 +13,16 @@ from ... import report
 from ...store import summary_dict
 from .experiment import METHOD_LABELS, Summary
 
-__all__ = ["T_LIMIT", "RHAT_LIMIT", "ESS_MIN", "NOT_ASSESSED", "LEVEL", "evaluate", "agrees", "agreement",
+__all__ = ["T_LIMIT", "RHAT_LIMIT", "ESS_MIN", "NOT_ASSESSED", "LEVEL", "evaluate", "noise_units", "rule_size", "agrees",
+           "agreement",
            "table", "holm", "paired", "paired_all", "buys"]
 
 
 _METRICS = ("accuracy", "mnll", "ece")
 
-# The agreement rule, the deep-ReLU chapter's in form and limits: a statistic agrees with the reference when
-# it is within T_LIMIT of the reference's own half-vs-half noise units; the reference counts as converged
+# The agreement rule, the deep-ReLU chapter's in form, units and limits: a statistic agrees with the reference
+# when it is within T_LIMIT noise units (noise_units: a sample of the ensemble's size from the reference against
+# the rest of it, or for a short reference its half-vs-half noise); the reference counts as converged
 # when its largest R-hat of p(y = 1 | x) is below RHAT_LIMIT and its smallest bulk ESS at least ESS_MIN.
 T_LIMIT = 2.0
 RHAT_LIMIT = 1.1
@@ -36,15 +38,43 @@ def _dataset_label(name: str) -> str:
     return name.replace("_", " ")
 
 
+def noise_units(s: Summary | dict[str, Any]) -> tuple[float, float, str]:
+    """The rule's units for the mean gap and ``|log width_ratio|``, and what they are: the noise of a sample of
+    the bootstrap ensemble's size drawn from NUTS against the rest of its draws (``sample_noise_*``) when the
+    run has it, else NUTS's half-vs-half noise (``reference_noise_*``), as the deep-ReLU chapter's rule
+    (``deep_relu.verdicts.noise_units``)."""
+    s = summary_dict(s)
+    if s.get("sample_noise_prob_mad") is not None:
+        return (s["sample_noise_prob_mad"], s["sample_noise_log_width"],
+                f"{s['sample_noise_n']} NUTS draws against the rest, {s['sample_noise_repeats']} subsets")
+    parts = s.get("reference_noise_partitions")
+    return (s["reference_noise_prob_mad"], s["reference_noise_log_width"],
+            "half of NUTS's chains against the other half" + (f", {parts} splits" if parts is not None else ""))
+
+
+def rule_size(p_chains: Any, n: int, repeats: int = 256, seed: int = 1) -> dict[str, float]:
+    """How often the rule says "differs" of a sample of ``n`` classifiers from the posterior: ``repeats``
+    subsets of ``n`` of NUTS's draws ``p_chains`` ``(chains, draws, n_x)``, each against the rest, judged in the
+    units of :func:`.experiment.sample_noise` at its default subsets. Returns the share of subsets failing each
+    limit (``prob_mad``, ``log_width``) and either (``either``), and ``repeats``."""
+    from .experiment import sample_noise
+
+    unit = sample_noise(p_chains, n)
+    test = sample_noise(p_chains, n, repeats=repeats, seed=seed, each=True)
+    gap = np.asarray(test["prob_mad_each"]) > T_LIMIT * unit["prob_mad"]
+    width = np.abs(np.asarray(test["log_each"])) > T_LIMIT * unit["log_width"]
+    return {"prob_mad": float(gap.mean()), "log_width": float(width.mean()), "either": float((gap | width).mean()),
+            "repeats": int(repeats)}
+
+
 def agrees(prob_mad: float, width_ratio: float, s: Summary | dict[str, Any]
            ) -> tuple[bool, float | None, str]:
     """Two-sided agreement of one distribution of classifiers with the NUTS reference: (agrees, margin,
     evidence). The mean gap ``prob_mad`` (mean over x of |Δ mean p|) must be at most ``T_LIMIT`` times the
-    reference's half-vs-half mean gap, and ``|log width_ratio|`` (the median band-width ratio: too wide and too
-    narrow alike) at most ``T_LIMIT`` times the half-vs-half root mean square of that log. Margins are in those
+    unit's mean gap (:func:`noise_units`), and ``|log width_ratio|`` (the median band-width ratio: too wide and
+    too narrow alike) at most ``T_LIMIT`` times the unit's root mean square of that log. Margins are in those
     noise units."""
-    s = summary_dict(s)
-    um, uw = s["reference_noise_prob_mad"], s["reference_noise_log_width"]
+    um, uw, _ = noise_units(s)
     lw = abs(float(np.log(width_ratio))) if width_ratio > 0 else float("inf")
     ok, margin = report.all_pass([(prob_mad <= T_LIMIT * um, report.distance(prob_mad, T_LIMIT * um, um)),
                                   (lw <= T_LIMIT * uw, report.distance(lw, T_LIMIT * uw, uw))])
@@ -60,7 +90,7 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
     the grid and its bulk ESS at least ``ESS_MIN`` (100) everywhere. ``agreement``: the paper's "fairly
     accurate approximation of the MCMC result", judged two-sided
     against the reference's own noise (:func:`agrees`: the mean gap and the band-width ratio of the bootstrap
-    ensemble at the paper's alpha_eps, each within ``T_LIMIT`` (2) of NUTS's half-vs-half units; a band too wide
+    ensemble at the paper's alpha_eps, each within ``T_LIMIT`` (2) of :func:`noise_units`; a band too wide
     fails as a band too narrow does). With a reference that is not converged no agreement is assessed (the
     evidence says what the rule alone gives).
     """
@@ -84,10 +114,10 @@ def evaluate(s: Summary | dict[str, Any]) -> dict[str, report.Verdict]:
 def agreement(s: Summary | dict[str, Any]) -> pd.DataFrame:
     """Agreement with NUTS on the grid: the bootstrap and plain ensembles at the paper's alpha_eps, the
     alpha_eps study, and NUTS against itself (half of its chains vs the other half). Per row the two statistics
-    of the rule (:func:`agrees`), each also in the reference's half-vs-half noise units, what the rule says, and
-    the mean |difference| of the band edges as a descriptive figure."""
+    of the rule (:func:`agrees`), each also in the rule's noise units (:func:`noise_units`), what the rule says,
+    and the mean |difference| of the band edges as a descriptive figure."""
     s = summary_dict(s)
-    um, uw = s["reference_noise_prob_mad"], s["reference_noise_log_width"]
+    um, uw, _ = noise_units(s)
     rows = [
         (f"Bootstrap ensemble, α_ε = {s['alpha_eps']:g} (paper)", s["prob_mad_vs_mcmc"], s["width_ratio_vs_mcmc"],
          s["band_mad_vs_mcmc"]),

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .... import ensemble, samplers, models
-from ... import store
+from ... import noise, store
 from ...config import require_x64
 from .config import DeepReluConfig
 from ....data import synthetic
@@ -192,22 +192,15 @@ def sample_noise(f_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0
     f_chains = np.asarray(f_chains, np.float64)
     if f_chains.ndim != 3:
         raise ValueError(f"need (chains, draws, n_x) predictive draws, got shape {f_chains.shape}")
-    flat = f_chains.reshape(-1, f_chains.shape[2])
-    n, repeats = int(n), int(repeats)
-    if n < 2 or 2 * n > len(flat):
-        raise ValueError(f"need 2 <= n and 2 n <= the reference's {len(flat)} draws, got n = {n}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    rng = np.random.default_rng(seed)
-    mads, logs = [], []
-    for _ in range(repeats):
-        pick = np.zeros(len(flat), bool)
-        pick[rng.choice(len(flat), n, replace=False)] = True
-        st = agreement(flat[pick], flat[~pick])
-        mads.append(st["mean_abs_diff_mean"])
-        logs.append(float(np.log(st["sd_ratio_median"])))
+
+    def statistic(sample: np.ndarray, rest: np.ndarray) -> tuple[float, float]:
+        st = agreement(sample, rest)
+        return st["mean_abs_diff_mean"], float(np.log(st["sd_ratio_median"]))
+
+    stats = noise.subsets(f_chains.reshape(-1, f_chains.shape[2]), n, statistic, repeats, seed)
+    mads, logs = [m for m, _ in stats], [g for _, g in stats]
     out: dict[str, Any] = {"mad": float(np.mean(mads)), "log_sd": float(np.sqrt(np.mean(np.square(logs)))),
-                           "n": n, "repeats": repeats}
+                           "n": int(n), "repeats": int(repeats)}
     if each:
         out.update(mad_each=mads, log_each=logs)
     return out

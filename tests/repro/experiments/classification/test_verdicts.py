@@ -147,3 +147,44 @@ def test_classification_agreement_is_not_assessed_without_a_converged_reference(
             assert str(v["reference"]).startswith("NOT converged")
             assert str(v["agreement"]) == "not assessed: the reference has not converged"
             assert v["agreement"].margin is None
+
+
+def test_classification_rule_judges_a_small_ensemble_in_the_noise_of_its_own_size():
+    """200 classifiers drawn from the reference's own law, against a reference of 4000 draws: in the
+    reference's half-vs-half units (2000 draws against 2000) the rule calls most such samples different,
+    although they are samples of the same law; in the noise of 200 reference draws against the rest
+    (sample_noise, the unit when the run has it) it calls most of them agreeing. Here every draw is one random
+    shift of a curve, so the mean gap over the grid is close to a half-normal, which exceeds twice its mean
+    about 11% of the time; with |log width ratio| (about 5%) the rule's size is near 15% (rule_size measures
+    it), so at least 15 of 20 independent samples agree, and at most 10 in half-vs-half units."""
+    from bootens_core.repro.experiments.classification import experiment
+
+    rng = np.random.default_rng(5)
+    x = np.linspace(-3, 3, 41)
+
+    def draws(n):
+        z = np.sin(x)[None] + 0.6 * rng.standard_normal((n, 1)) * (1 + 0.3 * np.cos(x))[None]
+        return 1 / (1 + np.exp(-z))
+
+    ref = draws(4000).reshape(4, 1000, -1)
+    flat = ref.reshape(-1, x.size)
+    half = experiment.reference_noise(ref)
+    sample = experiment.sample_noise(ref, 200)
+    assert sample["n"] == 200 and sample["repeats"] == 256
+    assert sample["prob_mad"] > 1.5 * half["prob_mad"]  # the ensemble's own sampling noise dominates
+    base = _cls(reference_noise_prob_mad=half["prob_mad"], reference_noise_log_width=half["log_width"],
+                reference_noise_partitions=half["partitions"])
+    with_sample = {**base, "sample_noise_prob_mad": sample["prob_mad"], "sample_noise_log_width":
+                   sample["log_width"], "sample_noise_n": 200, "sample_noise_repeats": 256}
+    assert classification.verdicts.noise_units(with_sample)[:2] == (sample["prob_mad"], sample["log_width"])
+    assert "half of NUTS's chains" in classification.verdicts.noise_units(base)[2]
+    agree_half = agree_sample = 0
+    for _ in range(20):
+        a = experiment.agreement(draws(200), flat)
+        stats = {"prob_mad_vs_mcmc": a["prob_mad"], "width_ratio_vs_mcmc": a["width_ratio"]}
+        agree_half += str(classification.verdicts.evaluate({**base, **stats})["agreement"]) == "reproduced"
+        agree_sample += str(classification.verdicts.evaluate({**with_sample, **stats})["agreement"]) == "reproduced"
+    assert agree_sample >= 15 and agree_half <= 10
+    size = classification.verdicts.rule_size(ref, 200, repeats=400)
+    assert 0.05 < size["either"] < 0.3 and size["repeats"] == 400
+    assert abs(size["prob_mad"] - 0.11) < 0.06  # the half-normal's P(|Z| > 2 E|Z|) = 0.110

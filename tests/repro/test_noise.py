@@ -1,0 +1,38 @@
+"""repro.noise.subsets: subsets of the reference's rows against the rest, seeded, with clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bootens_core.repro import noise
+
+
+def test_each_subset_is_n_rows_and_the_rest_is_its_complement():
+    draws = np.arange(40.0).reshape(20, 2)
+    seen = noise.subsets(draws, 5, lambda a, b: (a.copy(), b.copy()), repeats=30, seed=3)
+    assert len(seen) == 30
+    for a, b in seen:
+        assert a.shape == (5, 2) and b.shape == (15, 2)
+        rows = sorted(map(tuple, np.concatenate([a, b])))
+        assert rows == sorted(map(tuple, draws))  # every row once: a subset and its complement
+    # seeded: the same subsets again, others with another seed
+    again = noise.subsets(draws, 5, lambda a, b: a[:, 0].tolist(), repeats=30, seed=3)
+    assert again == [a[:, 0].tolist() for a, _ in seen]
+    assert again != noise.subsets(draws, 5, lambda a, b: a[:, 0].tolist(), repeats=30, seed=4)
+
+
+def test_every_row_is_drawn_about_equally_often():
+    """400 subsets of 10 of 40 rows: each row is in a subset with probability 1/4 (binomial sd about 0.022)."""
+    draws = np.arange(40.0)
+    counts = np.zeros(40)
+    for a in noise.subsets(draws, 10, lambda a, b: a, repeats=400, seed=0):
+        counts[a.astype(int)] += 1
+    assert np.all(np.abs(counts / 400 - 0.25) < 5 * np.sqrt(0.25 * 0.75 / 400))
+
+
+@pytest.mark.parametrize("n, repeats, match", [(1, 5, "2 <= n"), (11, 5, "2 n <= the reference's 20 draws"),
+                                               (5, 0, "repeats must be >= 1")])
+def test_bad_sizes_are_refused(n, repeats, match):
+    with pytest.raises(ValueError, match=match):
+        noise.subsets(np.zeros((20, 3)), n, lambda a, b: 0, repeats=repeats)
