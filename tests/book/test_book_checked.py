@@ -84,3 +84,13 @@ def test_the_pattern_catches_what_moved_across_machines():
     assert MEASURED.findall("KL: prior 1.47e+05 -> paper setting 494 -> deviation 6.2") == ["6.2"]
     assert MEASURED.findall("max relative difference below 1e-12: True") == []
     assert MEASURED.findall("|mean p| 0.07, |band edges| 0.12") == ["0.07", "0.12"]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_glued_numbers_are_plain_python_numbers(path):
+    """myst-nb formats a glued number from its text: ``np.float64(0.99)`` (a numpy scalar's repr, e.g. from a
+    pandas ``.loc``) fails to format and the book build stops on the warning."""
+    for cell in _code_cells(path):
+        for o in cell.get("outputs", []):
+            text = "".join(o.get("data", {}).get("application/papermill.record/text/plain", ""))
+            assert not text.startswith(("np.", "numpy.")), f"{path.name}: a glued value {text!r}: glue float(x)"
