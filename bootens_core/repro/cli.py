@@ -456,6 +456,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_estimator(args)
     if args.case == "groups":
         return _bench_groups(args)
+    if args.case == "first-fit":
+        return _bench_first_fit(args)
     cfg = bench.Config.quick() if args.quick else config.for_profile(bench.Config, args.profile)
     overrides = {"ks": args.k, "hidden_layers": args.models, "datasets": args.datasets, "steps": args.steps,
                  "repeats": args.repeats, "max_rows": args.max_rows, "loop_particles": args.loop_particles}
@@ -657,6 +659,25 @@ def _bench_groups(args: argparse.Namespace) -> int:
     return _bench_case(args, "groups.json", measure, line)
 
 
+def _bench_first_fit(args: argparse.Namespace) -> int:
+    """``bootens bench --case first-fit``: the estimator's time to a first answer -> OUT/first-fit.json."""
+    from .performance import bench, profiling
+
+    def line(r: dict) -> str:
+        top = ", ".join(f"{name} {sec:.1f} s" for name, sec in r["programs"][:3]) or "none"
+        return (f"{r['what']:<26} {r['wall_s']:7.2f} s (compile {r['compile_s']:.2f} s in {r['compiles']} "
+                f"compilations; largest programs: {top})")
+
+    settings = ({"n_particles": 4, "steps": 5, "noise_grid": [0.1, 1.0]} if args.quick else {})
+
+    def measure() -> dict:
+        doc = profiling.measure_first_fit(settings)
+        doc["device"] = bench.device_info(doc["provenance"])
+        return doc
+
+    return _bench_case(args, "first-fit.json", measure, line)
+
+
 def _bench_uci_dataset(args: argparse.Namespace) -> int:
     """``bootens bench --case uci-dataset``: one L-BFGS iteration of paper-scale UCI ensembles, split into its
     parts and set against the roofline -> OUT/uci-dataset.json (rewritten after every row)."""
@@ -850,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--shard", action="store_true", help="split the particle axis over all local devices")
     p_bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop even if torch is installed")
     p_bench.add_argument("--case", choices=["throughput", "uci-cell", "particle-batch", "linesearch", "uci-dataset",
-                                            "estimator", "groups"],
+                                            "estimator", "groups", "first-fit"],
                          default="throughput",
                          help="throughput: particle-steps/s vs k (bench.json); uci-cell: real UCI ensemble cells "
                               "(the profile's L-BFGS and sigma^2 grid; --datasets, --models, --k as particles, "
@@ -868,7 +889,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "on four problems, five splits, defaults (estimator.json; --datasets as problems); groups: one "
                               "UCI ensemble cell (--datasets, --models: one each, default boston 1; --k, --steps) and "
                               "the estimator's diabetes fit, particles in the library's groups against all at once, "
-                              "alternating (--repeats, default 1) (groups.json)")
+                              "alternating (--repeats, default 1) (groups.json); first-fit: the estimator's time to "
+                              "a first answer on diabetes in a fresh process: import, first fit, a second fit, a fit "
+                              "of another row count, predict, with their compilation (first-fit.json; --quick: a "
+                              "small ensemble and few steps)")
     p_bench.add_argument("--grid-batches", type=int, nargs="+", default=None,
                          help="uci-cell: sigma^2 values trained together (1 = one at a time, 0 = automatic; "
                               "default 1 0); uci-dataset: the first is used (default 0)")

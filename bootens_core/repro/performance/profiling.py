@@ -30,8 +30,8 @@ from .. import store
 from ..experiments.uci.config import UCIConfig
 from .config import ProfileConfig
 
-__all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "measure_groups", "run",
-           "load_ci_records"]
+__all__ = ["NAME", "Config", "CompileCounter", "timed_call", "line_search_step", "measure", "measure_groups",
+           "measure_first_fit", "run", "load_ci_records"]
 
 NAME = "profile"
 Config = ProfileConfig
@@ -247,6 +247,93 @@ def measure_groups(key: jax.Array, cfg: UCIConfig, dataset: str = "boston", hidd
             "dataset": dataset, "hidden_layers": int(hidden_layers), "split": int(split), "repeats": int(repeats),
             "n_particles": cfg.n_particles, "provenance": store.provenance(time.perf_counter() - start),
             "wall_s": time.perf_counter() - start}
+
+
+def measure_first_fit(settings: dict[str, Any] | None = None, timeout_s: float = 900.0) -> dict[str, Any]:
+    """The estimator's time to a first answer (``bootens bench --case first-fit``), in a fresh process.
+
+    A child Python process (JAX's persistent compilation cache off, so that nothing compiled before is
+    reused) imports the estimator, fits ``BootstrapEnsembleRegressor(**settings)`` on 80% of scikit-learn's
+    diabetes data, fits it again with another seed (the same shapes), fits it on 90% of those rows (a fold of
+    a grid search, another shape) and predicts the held-out rows. Rows: ``what``, the wall seconds, the
+    compilations and their seconds (tracing, lowering and compiling, :class:`CompileCounter`), the seconds
+    XLA's backend compiled for (``backend_s``) and its largest programs (``programs``: name, seconds, from
+    JAX's compile log). ``summary``: the first fit's and the later fits' seconds and how much of the first
+    fit was compilation."""
+    import json
+    import subprocess
+    import sys
+
+    settings = dict(settings or {})
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    start = time.perf_counter()
+    cmd = [sys.executable, "-c", "import sys; from bootens_core.repro.performance import profiling; "
+           "profiling._first_fit_child(sys.argv[1])", json.dumps(settings)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"the first-fit process took longer than {timeout_s:g} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise ValueError(f"the first-fit process failed ({tail[0]})")
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    by = {r["what"]: r for r in rows}
+    first, later = by["first fit"], [by["second fit, same shapes"], by["fit on 90% of the rows"]]
+    summary = {"first_fit_s": first["wall_s"], "first_fit_compile_s": first["compile_s"],
+               "first_fit_backend_s": first["backend_s"], "second_fit_s": later[0]["wall_s"],
+               "other_shape_fit_s": later[1]["wall_s"], "other_shape_compile_s": later[1]["compile_s"]}
+    return {"case": "first-fit", "settings": settings, "rows": rows, "summary": summary,
+            "provenance": store.provenance(time.perf_counter() - start), "wall_s": time.perf_counter() - start}
+
+
+def _first_fit_child(settings_json: str) -> None:
+    """The child process of :func:`measure_first_fit`: prints its rows as one JSON line."""
+    import io
+    import json
+    import logging
+    import re
+
+    start = time.perf_counter()
+    from sklearn.datasets import load_diabetes
+    from sklearn.model_selection import train_test_split
+
+    from ...estimators import BootstrapEnsembleRegressor
+
+    imported = time.perf_counter() - start
+    settings = json.loads(settings_json)
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    handler.setLevel(logging.DEBUG)
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    jax.config.update("jax_log_compiles", True)
+    x, y = load_diabetes(return_X_y=True)
+    x_tr, x_te, y_tr, _ = train_test_split(x, y, test_size=0.2, random_state=0)
+    n_fold = int(round(0.9 * len(y_tr)))
+    rows = [{"what": "import", "wall_s": imported, "compiles": 0, "compile_s": 0.0, "backend_s": 0.0,
+             "programs": []}]
+    fitted: list[Any] = []
+
+    def fit(seed: int, n: int) -> Any:
+        fitted[:] = [BootstrapEnsembleRegressor(**{"random_state": seed, **settings}).fit(x_tr[:n], y_tr[:n])]
+        return 0
+
+    calls = (("first fit", lambda: fit(0, len(y_tr))), ("second fit, same shapes", lambda: fit(1, len(y_tr))),
+             ("fit on 90% of the rows", lambda: fit(2, n_fold)), ("predict", lambda: fitted[0].predict(x_te)))
+    for what, fn in calls:
+        log.seek(0)
+        log.truncate()
+        row = timed_call(fn)
+        found = [(m.group(1), float(m.group(2))) for m in
+                 re.finditer(r"Finished XLA compilation of (.+?) in ([0-9.e+-]+) sec", log.getvalue())]
+        programs: dict[str, float] = {}
+        for name, sec in found:
+            programs[name] = programs.get(name, 0.0) + sec
+        top = sorted(programs.items(), key=lambda kv: -kv[1])[:5]
+        rows.append({"what": what, **row, "backend_s": float(sum(sec for _, sec in found)),
+                     "programs": [[name, sec] for name, sec in top]})
+    print(json.dumps(rows))
 
 
 def run(key: jax.Array, cfg: ProfileConfig, *, use_cache: bool = True, force: bool = False) -> store.Result:

@@ -131,3 +131,30 @@ def test_measure_groups_times_both_ways_alternating_with_the_same_scores(monkeyp
         profiling.measure_groups(jax.random.key(0), cfg, "yacht", 1, repeats=0, estimator=False)
     with pytest.raises(ValueError, match="hidden layers"):
         profiling.measure_groups(jax.random.key(0), cfg, "yacht", 2, estimator=False)
+
+
+def test_first_fit_is_measured_in_a_fresh_process_with_its_programs(tmp_path, monkeypatch):
+    """bootens bench --case first-fit on a tiny estimator: the first fit compiles (the driver's programs are
+    named in the compile log, largest first), a second fit of the same shapes compiles nothing, the summary
+    reads the rows, and the document is written."""
+    from bootens_core.repro import cli
+
+    settings = {"hidden_layer_sizes": [4], "n_particles": 2, "steps": 2, "noise_grid": [0.1, 1.0],
+                "optimizer": "adam", "learning_rate": 0.01}
+    doc = profiling.measure_first_fit(settings)
+    by = {r["what"]: r for r in doc["rows"]}
+    assert list(by) == ["import", "first fit", "second fit, same shapes", "fit on 90% of the rows", "predict"]
+    first, second = by["first fit"], by["second fit, same shapes"]
+    assert first["compiles"] > 0 and first["compile_s"] > 0 and 0 < first["backend_s"] <= first["compile_s"]
+    assert second["compiles"] == 0
+    secs = [sec for _, sec in first["programs"]]
+    assert secs == sorted(secs, reverse=True) and any("run_chunk" in name for name, _ in first["programs"])
+    assert doc["summary"]["first_fit_s"] == first["wall_s"] and doc["summary"]["second_fit_s"] == second["wall_s"]
+    assert doc["settings"] == settings
+    with pytest.raises(ValueError, match="the first-fit process failed"):
+        profiling.measure_first_fit({"n_particles": -1})
+    # the command writes the document (the measurement itself is the one above)
+    monkeypatch.setattr(profiling, "measure_first_fit", lambda settings: {**doc, "settings": settings})
+    assert cli.main(["bench", "--case", "first-fit", "--quick", "--quiet", "--out", str(tmp_path)]) == 0
+    written = json.loads((tmp_path / "first-fit.json").read_text())
+    assert written["case"] == "first-fit" and written["settings"]["n_particles"] == 4 and "device" in written
