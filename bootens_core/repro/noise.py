@@ -11,11 +11,11 @@ extension) take their units from here when the reference holds at least ``2 n`` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
-__all__ = ["subsets"]
+__all__ = ["subsets", "Unit", "unit", "rule_size"]
 
 T = TypeVar("T")
 
@@ -48,3 +48,41 @@ def subsets(draws: np.ndarray, n: int, statistic: Callable[[np.ndarray, np.ndarr
         pick[rng.choice(len(draws), n, replace=False)] = True
         out.append(statistic(draws[pick], draws[~pick]))
     return out
+
+
+class Unit(NamedTuple):
+    """A rule's noise unit for two statistics (:func:`unit`): the mean of the first (a mean gap, which is
+    positive) and the root mean square of the second (a log ratio, centred on 0) over the subsets, and their
+    values per subset."""
+
+    mean: float
+    rms: float
+    first: list[float]
+    second: list[float]
+    n: int
+    repeats: int
+
+
+def unit(draws: np.ndarray, n: int, statistic: Callable[[np.ndarray, np.ndarray], tuple[float, float]],
+         repeats: int = 256, seed: int = 0) -> Unit:
+    """The noise unit of a two-statistic agreement rule for an ensemble of ``n``: ``statistic(sample, rest)``
+    (a mean gap and a log ratio) over :func:`subsets` of ``draws``."""
+    stats = subsets(draws, n, statistic, repeats, seed)
+    first, second = [float(a) for a, _ in stats], [float(b) for _, b in stats]
+    return Unit(float(np.mean(first)), float(np.sqrt(np.mean(np.square(second)))), first, second, int(n),
+                int(repeats))
+
+
+def rule_size(draws: np.ndarray, n: int, statistic: Callable[[np.ndarray, np.ndarray], tuple[float, float]],
+              limit: float, repeats: int = 256, seed: int = 1) -> dict[str, float]:
+    """How often a rule that asks the first statistic to be at most ``limit`` times its :func:`unit` mean and
+    the second's absolute value at most ``limit`` times its root mean square says "differs" of samples of the
+    reference's own law: ``repeats`` further subsets of ``n`` draws (``seed``), judged in the units of
+    :func:`unit` at its defaults. Returns the share failing the first limit, the second and either, and
+    ``repeats``."""
+    u = unit(draws, n, statistic)
+    test = unit(draws, n, statistic, repeats, seed)
+    a = np.asarray(test.first) > limit * u.mean
+    b = np.abs(np.asarray(test.second)) > limit * u.rms
+    return {"first": float(a.mean()), "second": float(b.mean()), "either": float((a | b).mean()),
+            "repeats": int(repeats)}

@@ -36,3 +36,22 @@ def test_every_row_is_drawn_about_equally_often():
 def test_bad_sizes_are_refused(n, repeats, match):
     with pytest.raises(ValueError, match=match):
         noise.subsets(np.zeros((20, 3)), n, lambda a, b: 0, repeats=repeats)
+
+
+def test_unit_is_the_mean_of_the_first_statistic_and_the_rms_of_the_second():
+    draws = np.random.default_rng(0).normal(size=(60, 3))
+
+    def stat(a, b):
+        return float(abs(a.mean() - b.mean())), float(np.log(a.std() / b.std()))
+
+    u = noise.unit(draws, 10, stat, repeats=50, seed=2)
+    each = noise.subsets(draws, 10, stat, repeats=50, seed=2)
+    assert u.first == [a for a, _ in each] and u.second == [b for _, b in each]
+    assert u.mean == pytest.approx(np.mean(u.first)) and u.rms == pytest.approx(np.sqrt(np.mean(np.square(u.second))))
+    assert (u.n, u.repeats) == (10, 50)
+    # the rule's size: further subsets judged in the unit's terms, counted by hand
+    size = noise.rule_size(draws, 10, stat, 2.0, repeats=40, seed=3)
+    ref, test = noise.unit(draws, 10, stat), noise.unit(draws, 10, stat, 40, 3)
+    a = np.asarray(test.first) > 2 * ref.mean
+    b = np.abs(test.second) > 2 * ref.rms
+    assert size == {"first": a.mean(), "second": b.mean(), "either": (a | b).mean(), "repeats": 40}

@@ -9,8 +9,8 @@ from __future__ import annotations
 from . import figures, verdicts
 from .experiment import (
     NAME, DESCRIPTION, ARTEFACTS, Config, METHODS, METHOD_LABELS, Summary, run, agreement, reference_noise,
-    sample_noise,
+    sample_noise, rule_statistics,
 )
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run", "agreement",
-           "reference_noise", "sample_noise", "figures", "verdicts"]
+           "reference_noise", "sample_noise", "rule_statistics", "figures", "verdicts"]

@@ -32,7 +32,7 @@ from .config import ClassificationConfig
 from ....data import synthetic, tabular
 
 __all__ = ["NAME", "DESCRIPTION", "ARTEFACTS", "Config", "METHODS", "METHOD_LABELS", "Summary", "run",
-           "agreement", "reference_noise", "sample_noise"]
+           "agreement", "reference_noise", "sample_noise", "rule_statistics"]
 
 NAME = "classification"
 DESCRIPTION = "Dirichlet latent regression + Algorithm 1 vs NUTS (1-D), and real data with ECE"
@@ -174,7 +174,7 @@ def reference_noise(p_chains: np.ndarray, max_partitions: int = 64, level: float
 
 
 def sample_noise(p_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0,
-                 level: float = 0.95, each: bool = False) -> dict[str, Any]:
+                 each: bool = False) -> dict[str, Any]:
     """The noise of the two statistics the agreement rule judges for a sample of ``n`` classifiers: ``n`` of
     the reference's draws against the rest of them (:func:`bootens_core.repro.noise.subsets`, at least ``2 n``
     draws in all).
@@ -188,17 +188,18 @@ def sample_noise(p_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0
     if p_chains.ndim != 3:
         raise ValueError(f"need (chains, draws, n_x) probabilities, got shape {p_chains.shape}")
 
-    def statistic(sample: np.ndarray, rest: np.ndarray) -> tuple[float, float]:
-        st = agreement(sample, rest, level)
-        return st["prob_mad"], float(np.log(st["width_ratio"]))
-
-    stats = noise.subsets(p_chains.reshape(-1, p_chains.shape[2]), n, statistic, repeats, seed)
-    mads, logs = [m for m, _ in stats], [g for _, g in stats]
-    out: dict[str, Any] = {"prob_mad": float(np.mean(mads)), "log_width": float(np.sqrt(np.mean(np.square(logs)))),
-                           "n": int(n), "repeats": int(repeats)}
+    u = noise.unit(p_chains.reshape(-1, p_chains.shape[2]), n, rule_statistics, repeats, seed)
+    out: dict[str, Any] = {"prob_mad": u.mean, "log_width": u.rms, "n": u.n, "repeats": u.repeats}
     if each:
-        out.update(prob_mad_each=mads, log_each=logs)
+        out.update(prob_mad_each=u.first, log_each=u.second)
     return out
+
+
+def rule_statistics(p_q: np.ndarray, p_ref: np.ndarray) -> tuple[float, float]:
+    """The two statistics of the agreement rule of ``p_q`` against ``p_ref`` (:func:`agreement`, 95% bands): the
+    mean gap ``prob_mad`` and ``log(width_ratio)``."""
+    st = agreement(p_q, p_ref)
+    return st["prob_mad"], float(np.log(st["width_ratio"]))
 
 
 def _model(cfg: ClassificationConfig, in_dim: int, n_classes: int) -> models.Model:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ... import report
+from ... import noise, report
 from ...store import summary_dict
 from .experiment import METHOD_LABELS, Summary
 
@@ -57,14 +57,12 @@ def rule_size(p_chains: Any, n: int, repeats: int = 256, seed: int = 1) -> dict[
     subsets of ``n`` of NUTS's draws ``p_chains`` ``(chains, draws, n_x)``, each against the rest, judged in the
     units of :func:`.experiment.sample_noise` at its default subsets. Returns the share of subsets failing each
     limit (``prob_mad``, ``log_width``) and either (``either``), and ``repeats``."""
-    from .experiment import sample_noise
+    from .experiment import rule_statistics
 
-    unit = sample_noise(p_chains, n)
-    test = sample_noise(p_chains, n, repeats=repeats, seed=seed, each=True)
-    gap = np.asarray(test["prob_mad_each"]) > T_LIMIT * unit["prob_mad"]
-    width = np.abs(np.asarray(test["log_each"])) > T_LIMIT * unit["log_width"]
-    return {"prob_mad": float(gap.mean()), "log_width": float(width.mean()), "either": float((gap | width).mean()),
-            "repeats": int(repeats)}
+    p = np.asarray(p_chains, np.float64)
+    size = noise.rule_size(p.reshape(-1, p.shape[-1]), n, rule_statistics, T_LIMIT, repeats, seed)
+    return {"prob_mad": size["first"], "log_width": size["second"], "either": size["either"],
+            "repeats": size["repeats"]}
 
 
 def agrees(prob_mad: float, width_ratio: float, s: Summary | dict[str, Any]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from . import figures, reference, verdicts
 from .experiment import (
-    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, agreement, reference_noise, sample_noise, compare,
+    NAME, DESCRIPTION, ARTEFACTS, Config, Summary, run, agreement, reference_noise, sample_noise, rule_statistics,
+    compare,
 )
 
 __all__ = [
-    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise", "sample_noise", "compare",
+    "NAME", "DESCRIPTION", "ARTEFACTS", "Config", "Summary", "run", "agreement", "reference_noise", "sample_noise",
+    "rule_statistics", "compare",
     "figures",
     "reference", "verdicts",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ... import report
+from ... import noise, report
 from ...store import summary_dict
 from .experiment import Summary
 
@@ -63,14 +63,11 @@ def rule_size(f_chains: Any, n: int, repeats: int = 256, seed: int = 1) -> dict[
     judged in the units of :func:`.experiment.sample_noise` at its default subsets (the units the rule uses
     for an ensemble of ``n`` particles). Returns the share of subsets failing each statistic's limit
     (``mad``, ``log_sd``) and either (``either``), and ``repeats``."""
-    from .experiment import sample_noise
+    from .experiment import rule_statistics
 
-    unit = sample_noise(f_chains, n)
-    test = sample_noise(f_chains, n, repeats=repeats, seed=seed, each=True)
-    mad = np.asarray(test["mad_each"]) > T_LIMIT * unit["mad"]
-    lsd = np.abs(np.asarray(test["log_each"])) > T_LIMIT * unit["log_sd"]
-    return {"mad": float(mad.mean()), "log_sd": float(lsd.mean()), "either": float((mad | lsd).mean()),
-            "repeats": int(repeats)}
+    f = np.asarray(f_chains, np.float64)
+    size = noise.rule_size(f.reshape(-1, f.shape[-1]), n, rule_statistics, T_LIMIT, repeats, seed)
+    return {"mad": size["first"], "log_sd": size["second"], "either": size["either"], "repeats": size["repeats"]}
 
 
 def _agrees(mad: float, sd_ratio: float, s: dict[str, Any]) -> tuple[bool, float | None, str]:
