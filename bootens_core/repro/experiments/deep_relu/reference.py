@@ -315,6 +315,10 @@ def against(result: Result, ref: Reference) -> Result:
     figures and :mod:`.verdicts` read it as they read the run."""
     if result.name != "deep-relu":
         raise ValueError(f"need a run of the deep-ReLU experiment, got one of {result.name!r}")
+    lacking = [k for k in ("f_along", "along_steps", "stages", "diverged", "x_grid") if k not in result.arrays]
+    if lacking:
+        raise ValueError(f"the run lacks {', '.join(lacking)} (made by older code, which kept the particles at "
+                         "the figure's stages only): run it again")
     n_x = np.shape(result["x_grid"])[0]
     if ref.f.shape[2] != n_x or not np.allclose(
             result["x_grid"], np.linspace(-ref.config.x_grid_half_width, ref.config.x_grid_half_width, n_x)):

@@ -69,6 +69,10 @@ def test_the_reference_draws_are_the_experiments_nuts_draws(tmp_path):
             reference.read(tmp_path / "ref", dataclasses.replace(TINY, **change))
     other_nuts = dataclasses.replace(TINY, nuts=dataclasses.replace(TINY.nuts, chains=3, max_tree_depth=6))
     assert reference.read(tmp_path / "ref", other_nuts).config == TINY
+    # a run without the particles of every recorded step (older code) cannot be judged again: said so
+    old_run = dataclasses.replace(exp, arrays={k: v for k, v in exp.arrays.items() if k != "f_along"})
+    with pytest.raises(ValueError, match="lacks f_along"):
+        reference.against(old_run, ref)
 
 
 def _record(f: np.ndarray, num_steps: np.ndarray) -> resumable.RunRecord:
