@@ -10,8 +10,9 @@ limit or a time budget. Only ``f(x_grid)`` of each draw is kept (float32), never
 ``bootens deep-relu-reference --profile paper --out results/paper/deep-relu`` runs it in
 ``results/paper/deep-relu/nuts-reference/`` (:func:`bootens_core.repro.cli.main`). :func:`read` reads a run
 back for a configuration (refusing one of other data, network, prior or grid), and :func:`against` judges a
-run of the experiment against it: the chapter's particles are the same at every profile (only NUTS's settings
-differ between profiles), so a converged reference run once serves them all.
+run of the experiment against it: the chapter's data, network, prior and particles are the same at every
+profile (the profiles differ in the samplers' settings only, NUTS's and MH's), so a converged reference run
+once serves them all.
 """
 
 from __future__ import annotations
