@@ -329,7 +329,10 @@ def against(result: Result, ref: Reference) -> Result:
     f = ref.f.reshape(-1, n_x)
     # The mean predictive R-hat over the grid (the run's nuts_rhat_mean); ref.diagnostics has its maximum.
     rhat_mean = float(np.nanmean(samplers.rhat(ref.f)))
-    summary = Summary.of(result.summary).as_summary() | compare(result.arrays, ref.f) | {
+    # The run's own reference's noise keys go: compare gives the reference's (or none, for a short one).
+    own = {k: v for k, v in Summary.of(result.summary).as_summary().items()
+           if not k.startswith(("reference_split_", "reference_noise_", "sample_noise_"))}
+    summary = own | compare(result.arrays, ref.f) | {
         "reference": "NUTS",
         "rhat_max": d.rhat_max, "rhat_mean": rhat_mean, "ess_min": d.ess_bulk_min,
         "nuts_rhat_max": d.rhat_max, "nuts_rhat_mean": rhat_mean, "nuts_ess_min": d.ess_bulk_min,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import jax
@@ -69,6 +70,15 @@ def test_the_reference_draws_are_the_experiments_nuts_draws(tmp_path):
             reference.read(tmp_path / "ref", dataclasses.replace(TINY, **change))
     other_nuts = dataclasses.replace(TINY, nuts=dataclasses.replace(TINY.nuts, chains=3, max_tree_depth=6))
     assert reference.read(tmp_path / "ref", other_nuts).config == TINY
+    # the run's own noise keys never survive into a judgement by another reference: a reference too short for a
+    # sample of the ensemble's size (here 2 particles against 8 draws: long enough) is judged in its own units
+    with_own = dataclasses.replace(exp, summary={**exp.summary, "sample_noise_mad": 123.0, "sample_noise_log_sd": 1.0,
+                                                 "sample_noise_n": 2, "sample_noise_repeats": 1})
+    assert reference.against(with_own, ref).summary["sample_noise_mad"] != 123.0
+    short = ref._replace(f=ref.f[:, :1])  # 2 draws: no sample of 2 particles against the rest
+    with warnings.catch_warnings():  # statistics of single draws: NaN, as they should be
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert "sample_noise_mad" not in reference.against(with_own, short).summary
     # a run without the particles of every recorded step (older code) cannot be judged again: said so
     old_run = dataclasses.replace(exp, arrays={k: v for k, v in exp.arrays.items() if k != "f_along"})
     with pytest.raises(ValueError, match="lacks f_along"):
