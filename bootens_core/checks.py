@@ -13,7 +13,7 @@ import numpy as np
 
 from .models import Model, template
 
-__all__ = ["DivergedParticlesError", "check_finite", "check_data", "model_outputs"]
+__all__ = ["DivergedParticlesError", "check_finite", "check_data", "check_observed", "model_outputs"]
 
 
 class DivergedParticlesError(RuntimeError):
@@ -72,6 +72,22 @@ def check_data(x: Any, y: Any, noise_var: Any = None, *, outputs: int | None = N
         if not np.all(np.isfinite(nv) & (nv > 0)):
             raise ValueError("noise_var must be positive and finite")
     return jnp.asarray(x_np), jnp.asarray(y_np)
+
+
+def check_observed(observed: Any, n: int) -> np.ndarray:
+    """Validate a row mask: ``n`` booleans (padding rows ``False``), at least one ``True``. Returns it as a
+    boolean array; raises ``ValueError`` naming the problem otherwise."""
+    mask = np.asarray(observed)
+    if mask.shape != (int(n),):
+        raise ValueError(f"observed must have one entry per row, shape ({int(n)},), got shape {mask.shape}")
+    if mask.dtype != bool:
+        if not np.issubdtype(mask.dtype, np.number) or not np.all(np.isin(mask, (0, 1))):
+            raise ValueError(f"observed must hold booleans (True: an observed row, False: padding), got dtype "
+                             f"{mask.dtype}")
+        mask = mask.astype(bool)
+    if not mask.any():
+        raise ValueError("observed marks no row as observed: at least one row must be")
+    return mask
 
 
 def model_outputs(model: Model, x: Any) -> int | None:

@@ -6,6 +6,12 @@ For a Gaussian likelihood ``N(y; f(x; theta), sigma^2)`` and prior ``N(0, alpha^
 
 with ``y~ = y + N(0, sigma^2)`` and ``theta~ ~ N(0, alpha^2)``. ``sigma^2`` may be a scalar or one variance
 per data point (the heteroscedastic latent regression of the classification extension).
+
+A data point whose variance is ``+inf`` is *unobserved*: ``N(y; f, sigma^2)`` carries no information about
+``f`` as ``sigma^2 -> inf``, so the point adds nothing to the log likelihood (its constant dropped) and its
+label is not perturbed. Rows padded this way leave every particle's objective, its gradient and the other
+rows' replicates as they are without them, so one compiled program serves every row count up to the padded
+one (:func:`bootens_core.ensemble.train`'s ``observed``).
 """
 
 from __future__ import annotations
@@ -58,14 +64,18 @@ def sample(key: jax.Array, model: Model, y: jax.Array, noise_var: float | jax.Ar
         return jax.random.normal(k_labels, y.shape, y.dtype), prior_sample(k_anchor, model, dtype=y.dtype)
 
     noise, anchor = jax.vmap(one)(particle_keys(key, n))
-    y_tilde = y[None] + jnp.sqrt(jnp.asarray(noise_var, y.dtype)) * noise
+    scale = jnp.sqrt(jnp.asarray(noise_var, y.dtype))
+    # an unobserved point (variance +inf) keeps its label: inf * N(0, 1) would make it inf or NaN
+    y_tilde = y[None] + jnp.where(jnp.isinf(scale), 0, scale * noise)
     return Perturbation(y=y_tilde, anchor=anchor)
 
 
 def gaussian_loglik(f: jax.Array, y: jax.Array, noise_var: float | jax.Array) -> jax.Array:
-    """``sum_i log N(y_i; f_i, noise_var_i)``."""
+    """``sum_i log N(y_i; f_i, noise_var_i)`` over the observed points (an unobserved one, ``noise_var_i =
+    +inf``, adds 0, and no gradient)."""
     var = jnp.broadcast_to(jnp.asarray(noise_var, f.dtype), f.shape)
-    return -0.5 * jnp.sum((y - f) ** 2 / var + jnp.log(2 * jnp.pi * var))
+    terms = (y - f) ** 2 / var + jnp.log(2 * jnp.pi * var)
+    return -0.5 * jnp.sum(jnp.where(jnp.isinf(var), 0, terms))
 
 
 def log_joint(model: Model, params: Params, x: jax.Array, y: jax.Array, noise_var: float | jax.Array) -> jax.Array:

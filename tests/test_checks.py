@@ -54,3 +54,19 @@ def test_inputs_with_the_wrong_number_of_columns_get_one_clear_error():
     with pytest.raises(ValueError, match=r"cannot take inputs x of shape \(8, 4\) \(does x have as many columns"):
         ensemble.train(jax.random.key(0), model, x, y, noise_var=0.1, n_particles=2, steps=1,
                        opt=ensemble.optimizer("adam", 0.01))
+
+
+@pytest.mark.parametrize("observed, match", [
+    (np.ones(4, bool), r"shape \(5,\)"),
+    (np.ones((5, 1), bool), r"shape \(5,\)"),
+    (np.array([0, 1, 2, 1, 1]), "booleans"),
+    (np.array(["a"] * 5), "booleans"),
+    (np.zeros(5, bool), "no row"),
+])
+def test_a_bad_row_mask_is_named(observed, match):
+    with pytest.raises(ValueError, match=match):
+        checks.check_observed(observed, 5)
+
+
+def test_a_row_mask_of_zeros_and_ones_is_booleans():
+    assert checks.check_observed(np.array([1, 0, 1, 1, 0]), 5).tolist() == [True, False, True, True, False]

@@ -18,7 +18,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from bootens_core.checks import DivergedParticlesError
-from bootens_core.estimators import BootstrapEnsembleClassifier, BootstrapEnsembleRegressor
+from bootens_core.estimators import BootstrapEnsembleClassifier, BootstrapEnsembleRegressor, padded_rows
 from bootens_core.exact import linear
 
 # Small, fast settings: scikit-learn's checks fit dozens of times on data of many shapes.
@@ -389,3 +389,31 @@ def test_the_compilation_cache_serves_a_second_process(tmp_path, book_env):
     assert sorted(p.name for p in folder.iterdir()) == first
     xdg = tmp_path / "xdg"
     assert fit("default", {"XDG_CACHE_HOME": str(xdg)}) == str(xdg / "bootens" / "jax")
+
+
+def test_padded_rows():
+    assert [padded_rows(n) for n in (1, 8, 9, 20, 64, 65, 282, 283, 353, 1000)] == [
+        8, 8, 16, 24, 64, 72, 288, 288, 384, 1024]
+    assert all(n <= padded_rows(n) <= 1.125 * n for n in range(64, 5000))
+    with pytest.raises(ValueError, match="at least one row"):
+        padded_rows(0)
+
+
+def test_the_validation_fits_and_the_final_fit_share_one_program():
+    """With ``noise_var="auto"`` the fits on the training part (validation rows unobserved) and the final fit
+    on every row train on the same padded rows: one compiled training loop for all of them, and a fit on a few
+    rows fewer (a grid search's next fold) adds none."""
+    from bootens_core.ensemble import drivers
+
+    def loops() -> int:  # the training loops compiled so far, one per program key and data shape
+        return sum(fn._cache_size() for fn in drivers._RUNNERS._store.values())
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(70, 3)), rng.normal(size=70)
+    est = BootstrapEnsembleRegressor(hidden_layer_sizes=(7,), n_particles=3, steps=5, noise_grid=(0.1, 0.3, 1.0),
+                                     random_state=0)
+    before = loops()
+    est.fit(x, y)
+    assert loops() == before + 1
+    est.fit(x[:66], y[:66])
+    assert loops() == before + 1 and padded_rows(66) == padded_rows(70)

@@ -243,3 +243,23 @@ def test_expected_perturbed_gradient_is_the_gradient(mlp_problem):
     C = J.T @ J / noise_var + np.diag(inv_alpha2)
     q = np.sum((grads - exact) ** 2, axis=1)
     assert abs(q.mean() - np.trace(C)) < 5 * np.sqrt(2 * np.trace(C @ C) / N)
+
+
+def test_an_unobserved_point_adds_nothing_and_keeps_its_label(mlp_problem):
+    """Variance +inf: the point leaves the log likelihood (value and gradient) as without it, and its label is
+    not perturbed (inf * N(0, 1) would be inf or NaN)."""
+    model, x, y, params = mlp_problem
+    var = jnp.asarray([0.2] * 5 + [jnp.inf] * 2)
+    f = model.apply(params, x)
+    assert float(perturb.gaussian_loglik(f, y, var)) == pytest.approx(
+        float(perturb.gaussian_loglik(f[:5], y[:5], 0.2)), rel=1e-13)
+    pert = perturb.sample(jax.random.key(3), model, y, var, 4)
+    assert np.all(np.isfinite(pert.y)) and np.array_equal(np.asarray(pert.y[:, 5:]), np.tile(y[5:], (4, 1)))
+    alone = perturb.sample(jax.random.key(3), model, y[:5], 0.2, 4)
+    np.testing.assert_array_equal(np.asarray(pert.y[:, :5]), np.asarray(alone.y))  # drawn by the row's index
+    grad = jax.grad(lambda p: perturb.perturbed_log_joint(model, p, x, jax.tree.map(lambda a: a[0], pert), var))
+    want = jax.grad(lambda p: perturb.perturbed_log_joint(model, p, x[:5], jax.tree.map(lambda a: a[0], alone),
+                                                          0.2))
+    for g, w in zip(jax.tree.leaves(grad(params)), jax.tree.leaves(want(params))):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)

@@ -40,12 +40,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..checks import DivergedParticlesError, check_data, check_finite, model_outputs
+from ..checks import DivergedParticlesError, check_data, check_finite, check_observed, model_outputs
 from ..driver import Chunk, ProgramCache, run_chunks
 from ..models import Model, Params, float_dtype, given_features, predict, program_key
 from ..perturb import Perturbation
 from .groups import auto_particle_batch
-from .kernel import State, init, step
+from .kernel import State, init, replicates, start, step
 from .optimizers import Optimizer
 from .sharding import place, gather, pad_particles, particle_mesh, replicate, shard_particles
 
@@ -104,6 +104,23 @@ class EnsembleResult(NamedTuple):
 
 
 _RUNNERS = ProgramCache()
+_REPLICATES = ProgramCache()
+
+
+def _replicates(model: Model, n_particles: int, perturb_labels: bool, perturb_prior: bool):
+    """:func:`~bootens_core.ensemble.kernel.replicates` compiled as one program, ``(key, y, noise_var) ->
+    (perturbation, params)``, cached by the model's program key, the ensemble size and the flags: run op by op
+    it compiled some 60 small programs (random draws, splits, broadcasts) on a first call."""
+    cache_key = (program_key(model), int(n_particles), bool(perturb_labels), bool(perturb_prior))
+
+    def build():
+        def draw(key, y, noise_var):
+            return replicates(key, model, y, noise_var, n_particles, perturb_labels=perturb_labels,
+                              perturb_prior=perturb_prior)
+
+        return jax.jit(draw)
+
+    return _REPLICATES.get(cache_key, build)
 
 
 def _chunk_runner(model: Model, opt: Optimizer, record: Callable[[Params], Any] | None, with_snapshots: bool,
@@ -185,6 +202,7 @@ def train(
     shard: bool | Sequence[jax.Device] | Mesh = False,
     particle_batch: int | str | None = "auto",
     compiler_options: Mapping[str, Any] | None = None,
+    observed: Any = None,
 ) -> EnsembleResult:
     """Run Algorithm 1 on ``n_particles`` particles for ``steps`` optimizer steps.
 
@@ -228,6 +246,12 @@ def train(
         compiler_options: XLA options of the compiled training loop, as :func:`jax.jit` takes them (an
             option's value as a string), e.g. :data:`CPU_REDUCE_WITHOUT_YNN`; the same particles up to float
             rounding.
+        observed: ``(n,)`` booleans, ``False`` for padding rows: a padding row adds nothing to any particle's
+            objective and its label is not perturbed (its variance is ``+inf``, see :mod:`bootens_core.perturb`),
+            so the particles are those trained on the observed rows alone, up to float rounding, as long as the
+            padding comes after them (each row's perturbation is drawn by its index). One compiled program
+            then serves every row count up to the padded one (a grid search's folds, a validation split and
+            the final fit). ``None``: every row is observed.
     """
     if on_diverged not in ("raise", "report"):
         raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
@@ -244,10 +268,16 @@ def train(
     noise_var = jnp.asarray(noise_var, dtype)
     if noise_var.ndim == 1 and y.ndim == 2:  # one variance per row of a multi-output model
         noise_var = noise_var[:, None]
+    if observed is not None:
+        rows = check_observed(observed, y.shape[0])
+        shape = noise_var.shape if noise_var.ndim else (y.shape[0],) + (1,) * (y.ndim - 1)
+        rows = jnp.asarray(rows).reshape((y.shape[0],) + (1,) * (len(shape) - 1))
+        noise_var = jnp.where(rows, jnp.broadcast_to(noise_var, shape), jnp.inf).astype(dtype)
 
-    state = init(
-        key, model, y, noise_var, n_particles, opt, perturb_labels=perturb_labels, perturb_prior=perturb_prior
-    )
+    if int(n_particles) < 1:
+        raise ValueError(f"n_particles must be at least 1, got {n_particles}")
+    pert, params = _replicates(model, n_particles, perturb_labels, perturb_prior)(key, y, noise_var)
+    state = start(params, pert, opt)
 
     run = _drive(model, opt, state, x, noise_var, steps=steps, snaps=snaps, record=record,
                  progress=progress, n_chunks=n_chunks, shard=shard, particle_batch=particle_batch,
@@ -445,8 +475,13 @@ def train_grid(
     dtype = float_dtype(dtype)
     x, y = check_data(x, y, None, outputs=model_outputs(model, np.asarray(x)))
     x, y = x.astype(dtype), y.astype(dtype)
-    blocks = [init(key, model, y, jnp.asarray(v, dtype), k, opt, perturb_labels=perturb_labels,
-                   perturb_prior=perturb_prior) for v in grid]
+    draw = _replicates(model, k, perturb_labels, perturb_prior)  # train's replicates, bit for bit
+
+    def block(v: float) -> State:
+        pert, params = draw(key, y, jnp.asarray(v, dtype))
+        return start(params, pert, opt)
+
+    blocks = [block(v) for v in grid]
     state = State(*jax.tree.map(lambda *a: jnp.concatenate(a),
                                 *[(b.params, b.opt_state, b.perturbation) for b in blocks]), blocks[0].step)
     noise_var = jnp.repeat(jnp.asarray(grid, dtype), k)

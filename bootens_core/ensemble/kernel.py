@@ -29,7 +29,7 @@ from ..perturb import Perturbation, particle_keys, perturbed_log_joint
 from ..perturb import sample as sample_perturbation
 from .optimizers import Optimizer
 
-__all__ = ["State", "Info", "init", "step", "particle_step"]
+__all__ = ["State", "Info", "init", "replicates", "start", "step", "particle_step"]
 
 
 class State(NamedTuple):
@@ -66,6 +66,23 @@ def init(
     ``perturb_labels`` every particle sees the observed labels: both flags off give the *unperturbed*
     ensemble of Section 4.2, whose particles all climb ``log p(D, theta)``.
     """
+    pert, params = replicates(key, model, y, noise_var, n_particles, perturb_labels=perturb_labels,
+                              perturb_prior=perturb_prior)
+    return start(params, pert, opt)
+
+
+def replicates(
+    key: jax.Array,
+    model: Model,
+    y: jax.Array,
+    noise_var: float | jax.Array,
+    n_particles: int,
+    *,
+    perturb_labels: bool = True,
+    perturb_prior: bool = True,
+) -> tuple[Perturbation, Params]:
+    """The random part of :func:`init`: the replicates and the starting particles, ``(perturbation, params)``
+    (no optimizer involved, so it compiles once per model, shape and flags whatever the optimizer)."""
     if int(n_particles) < 1:
         raise ValueError(f"n_particles must be at least 1, got {n_particles}")
     k_pert, k_init = jax.random.split(key)
@@ -77,8 +94,14 @@ def init(
     else:
         pert = pert._replace(anchor=jax.tree.map(jnp.zeros_like, pert.anchor))
         params = jax.vmap(lambda k: prior_sample(k, model, dtype=y.dtype))(particle_keys(k_init, n_particles))
+    return pert, params
+
+
+def start(params: Params, perturbation: Perturbation, opt: Optimizer) -> State:
+    """The state :func:`step` advances from particles ``params`` (leading axis ``k``) and their replicates:
+    every particle's optimizer state from ``opt`` (which carries the learning rate), at step 0."""
     opt_state = jax.vmap(opt.tx.init)(params)
-    return State(params, opt_state, pert, jnp.zeros((), jnp.int32))
+    return State(params, opt_state, perturbation, jnp.zeros((), jnp.int32))
 
 
 def step(

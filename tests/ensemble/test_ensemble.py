@@ -610,3 +610,25 @@ def test_the_first_k_particles_of_a_larger_ensemble_are_the_k_particle_ensemble(
     for tree in ("init_params", "params", "perturbation"):
         for a, b in zip(jax.tree.leaves(getattr(big, tree)), jax.tree.leaves(getattr(small, tree)), strict=True):
             np.testing.assert_allclose(np.asarray(a)[:3], np.asarray(b), rtol=1e-12, atol=1e-14, err_msg=tree)
+
+
+def test_padding_rows_marked_unobserved_trains_the_same_particles():
+    """Rows appended with ``observed=False`` (any inputs, any labels) change nothing: the particles, their losses
+    and the observed rows' replicates are those of the unpadded data, up to float rounding (float64 here), with
+    the line-search L-BFGS, whose path would show any difference in the objective."""
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(40, 3)), np.sin(rng.normal(size=40))
+    model = models.mlp(3, (12,))
+    kw = dict(noise_var=0.1, n_particles=6, opt=ensemble.optimizer("lbfgs", 1.0, linesearch="zoom"), steps=30,
+              dtype=np.float64)
+    plain = ensemble.train(jax.random.key(2), model, x, y, **kw)
+    xp = np.concatenate([x, 3 * rng.normal(size=(9, 3))])
+    yp = np.concatenate([y, 10 + rng.normal(size=9)])
+    padded = ensemble.train(jax.random.key(2), model, xp, yp, observed=np.arange(49) < 40, **kw)
+    for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(padded.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(padded.loss, plain.loss, rtol=1e-10)
+    np.testing.assert_array_equal(np.asarray(padded.perturbation.y[:, :40]), np.asarray(plain.perturbation.y))
+    np.testing.assert_array_equal(np.asarray(padded.perturbation.y[:, 40:]), np.tile(yp[40:], (6, 1)))
+    with pytest.raises(ValueError, match="observed must have one entry per row"):
+        ensemble.train(jax.random.key(2), model, xp, yp, observed=np.ones(40, bool), **kw)
