@@ -222,7 +222,7 @@ def by_column(summary: dict[str, Any], columns: tuple[tuple[str, int], ...] = TA
 
 def by_family(summary: dict[str, Any], columns: tuple[tuple[str, int], ...] = TABLES23) -> report.Text:
     """:func:`by_column`'s counts summed per family, in one line: for the bootstrap ensembles and for the
-    baselines, how many testable RMSE/MNLL entries are equivalent to the paper's, differ either way, or are
+    baselines, how many RMSE/MNLL entries exist, how many are testable, and how many of those are equivalent to the paper's, differ either way, or are
     inconclusive (e.g. for the book's introduction)."""
     table = by_column(summary, columns)
     parts = []
@@ -230,7 +230,7 @@ def by_family(summary: dict[str, Any], columns: tuple[tuple[str, int], ...] = TA
         if family not in table.index.get_level_values(0):
             continue
         s = table.loc[family].sum()
-        parts.append(f"{name}: {s['equivalent']} of {s['testable']} testable entries equivalent, "
+        parts.append(f"{name}: of {s['entries']} entries, {s['testable']} testable: {s['equivalent']} equivalent, "
                      f"{s['ours lower']} lower, {s['ours higher']} higher, "
                      f"{s['inconclusive']} inconclusive")
     return report.Text("; ".join(parts) or "no entry")
@@ -271,7 +271,7 @@ def paper_prior(rows: Sequence[Any], level: float = 0.05) -> tuple[report.Verdic
     if not tested:
         word = "too few splits"
     elif higher and not any(v in ("equivalent", "differs (ours lower)") for v in tested):
-        word = "NOT reproduced: fails (RMSE far above the paper's)"
+        word = "NOT reproduced: fails (RMSE above the paper's)"
     elif all(v == "equivalent" for v in tested):
         word = "reproduced"
     else:

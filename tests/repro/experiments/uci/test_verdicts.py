@@ -99,8 +99,8 @@ def test_uci_verdict_counts(summary):
                                                                  "ours higher"]].tolist() == [2, 2, 1, 1]
     assert table.loc[("baseline", "GP"), ["entries", "testable", "not testable"]].tolist() == [2, 0, 2]
     assert str(uci.verdicts.by_family(s, (("ensemble", 1), ("gp", 0)))) == (
-        "bootstrap ensembles: 1 of 2 testable entries equivalent, 0 lower, 1 higher, 0 inconclusive; "
-        "baselines: 0 of 0 testable entries equivalent, 0 lower, 0 higher, 0 inconclusive")
+        "bootstrap ensembles: of 2 entries, 2 testable: 1 equivalent, 0 lower, 1 higher, 0 inconclusive; "
+        "baselines: of 2 entries, 0 testable: 0 equivalent, 0 lower, 0 higher, 0 inconclusive")
     # The checked form counts only what rounding cannot change: cells compared and cells that failed.
     assert str(v["computed"]) == "4 RMSE/MNLL entries compared with the paper, 1 failed"
     # The cell that differs at the family-wise level is named, with its side of the paper's mean.
