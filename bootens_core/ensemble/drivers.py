@@ -45,7 +45,7 @@ from ..driver import Chunk, ProgramCache, run_chunks
 from ..models import Model, Params, float_dtype, given_features, predict, program_key
 from ..perturb import Perturbation
 from .groups import auto_particle_batch
-from .kernel import State, init, replicates, start, step
+from .kernel import State, replicates, start, step
 from .optimizers import Optimizer
 from .sharding import place, gather, pad_particles, particle_mesh, replicate, shard_particles
 
