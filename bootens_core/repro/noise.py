@@ -10,12 +10,13 @@ extension) take their units from here when the reference holds at least ``2 n`` 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
 import numpy as np
 
-__all__ = ["subsets", "Unit", "unit", "rule_size"]
+__all__ = ["subsets", "Unit", "unit", "rule_size", "pooled", "halves"]
 
 T = TypeVar("T")
 
@@ -86,3 +87,36 @@ def rule_size(draws: np.ndarray, n: int, statistic: Callable[[np.ndarray, np.nda
     b = np.abs(np.asarray(test.second)) > limit * u.rms
     return {"first": float(a.mean()), "second": float(b.mean()), "either": float((a | b).mean()),
             "repeats": int(repeats)}
+
+
+def pooled(chains: np.ndarray, what: str = "draws", min_chains: int = 1) -> np.ndarray:
+    """A reference held as ``(chains, draws, n_x)`` checked (``ValueError`` naming ``what`` otherwise) and
+    pooled into rows ``(chains * draws, n_x)``, float64: the draws :func:`unit` takes."""
+    chains = np.asarray(chains, np.float64)
+    if chains.ndim != 3 or chains.shape[0] < min_chains:
+        at_least = f" >= {min_chains}" if min_chains > 1 else ""
+        raise ValueError(f"need (chains{at_least}, draws, n_x) {what}, got shape {chains.shape}")
+    return chains.reshape(-1, chains.shape[2])
+
+
+def halves(chains: np.ndarray, statistic: Callable[[np.ndarray, np.ndarray], tuple[float, float]],
+           max_partitions: int = 64, what: str = "draws") -> Unit:
+    """The half-vs-half unit of a two-statistic rule: ``statistic(one half, other half)`` over the splits of
+    the chains ``(chains >= 2, draws, n_x)`` into two halves (those that put chain 0 in the first, so each
+    unordered split once, up to ``max_partitions``; with an odd count the last chain of the complement is left
+    out, so both halves are equal). ``n`` is a half's draws and ``repeats`` the splits. Each half holds half
+    the reference: the unit counts the reference's own noise only, not an ensemble's sampling noise
+    (:func:`unit` counts both)."""
+    chains = np.asarray(chains, np.float64)
+    pooled(chains, what, min_chains=2)
+    n_chains, n_draws, n_x = chains.shape
+    half = n_chains // 2
+    splits = [c for c in itertools.combinations(range(n_chains), half) if c[0] == 0][:max_partitions]
+    first, second = [], []
+    for a in splits:
+        b = [i for i in range(n_chains) if i not in a][:half]
+        u, v = statistic(chains[list(a)].reshape(-1, n_x), chains[b].reshape(-1, n_x))
+        first.append(float(u))
+        second.append(float(v))
+    return Unit(float(np.mean(first)), float(np.sqrt(np.mean(np.square(second)))), first, second,
+                half * n_draws, len(splits))

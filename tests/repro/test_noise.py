@@ -55,3 +55,33 @@ def test_unit_is_the_mean_of_the_first_statistic_and_the_rms_of_the_second():
     a = np.asarray(test.first) > 2 * ref.mean
     b = np.abs(test.second) > 2 * ref.rms
     assert size == {"first": a.mean(), "second": b.mean(), "either": (a | b).mean(), "repeats": 40}
+
+
+def test_halves_pairs_every_split_of_the_chains_once():
+    """Five chains: the splits into halves of two that hold chain 0 (the complement's last chain left out),
+    each compared once; the unit is the mean of the first statistic and the rms of the second."""
+    rng = np.random.default_rng(4)
+    chains = rng.normal(size=(5, 7, 3))
+    seen = []
+
+    def statistic(a, b):
+        seen.append((a.shape, b.shape))
+        return float(a.mean() - b.mean()), float(a.std() / b.std())
+
+    u = noise.halves(chains, statistic)
+    want = []
+    for first in ((0, 1), (0, 2), (0, 3), (0, 4)):
+        other = [c for c in range(5) if c not in first][:2]
+        want.append(statistic(chains[list(first)].reshape(-1, 3), chains[other].reshape(-1, 3)))
+    assert u.repeats == 4 and u.n == 14 and seen[:4] == [((14, 3), (14, 3))] * 4
+    assert u.first == [w[0] for w in want] and u.second == [w[1] for w in want]
+    assert u.mean == np.mean([w[0] for w in want]) and u.rms == np.sqrt(np.mean(np.square([w[1] for w in want])))
+    assert noise.halves(chains, statistic, max_partitions=2).repeats == 2
+
+
+def test_pooled_names_what_it_needs():
+    assert noise.pooled(np.zeros((2, 3, 4))).shape == (6, 4)
+    with pytest.raises(ValueError, match=r"need \(chains, draws, n_x\) probabilities, got shape \(3, 4\)"):
+        noise.pooled(np.zeros((3, 4)), "probabilities")
+    with pytest.raises(ValueError, match=r"chains >= 2"):
+        noise.halves(np.zeros((1, 3, 4)), lambda a, b: (0.0, 0.0))

@@ -17,7 +17,6 @@ diagrams.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any
 
 import jax
@@ -157,20 +156,8 @@ def reference_noise(p_chains: np.ndarray, max_partitions: int = 64, level: float
     reference holds at most about three times as many draws as the ensemble has members (then the rule errs
     towards "agrees"); :func:`sample_noise` is the unit for a longer reference.
     """
-    p_chains = np.asarray(p_chains, np.float64)
-    if p_chains.ndim != 3 or p_chains.shape[0] < 2:
-        raise ValueError(f"need (chains >= 2, draws, n_x) probabilities, got shape {p_chains.shape}")
-    n_chains, _, n_x = p_chains.shape
-    half = n_chains // 2
-    splits = [c for c in itertools.combinations(range(n_chains), half) if c[0] == 0][:max_partitions]
-    mads, logs = [], []
-    for a in splits:
-        b = [i for i in range(n_chains) if i not in a][:half]
-        st = agreement(p_chains[list(a)].reshape(-1, n_x), p_chains[b].reshape(-1, n_x), level)
-        mads.append(st["prob_mad"])
-        logs.append(np.log(st["width_ratio"]))
-    return {"prob_mad": float(np.mean(mads)), "log_width": float(np.sqrt(np.mean(np.square(logs)))),
-            "partitions": len(splits)}
+    u = noise.halves(p_chains, lambda a, b: rule_statistics(a, b, level), max_partitions, "probabilities")
+    return {"prob_mad": u.mean, "log_width": u.rms, "partitions": u.repeats}
 
 
 def sample_noise(p_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0,
@@ -184,21 +171,17 @@ def sample_noise(p_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0
     shows against a reference of the remaining size, the sampling noise of both sides of the comparison. With
     ``each``, also the per-subset values (``prob_mad_each``, ``log_each``).
     """
-    p_chains = np.asarray(p_chains, np.float64)
-    if p_chains.ndim != 3:
-        raise ValueError(f"need (chains, draws, n_x) probabilities, got shape {p_chains.shape}")
-
-    u = noise.unit(p_chains.reshape(-1, p_chains.shape[2]), n, rule_statistics, repeats, seed)
+    u = noise.unit(noise.pooled(p_chains, "probabilities"), n, rule_statistics, repeats, seed)
     out: dict[str, Any] = {"prob_mad": u.mean, "log_width": u.rms, "n": u.n, "repeats": u.repeats}
     if each:
         out.update(prob_mad_each=u.first, log_each=u.second)
     return out
 
 
-def rule_statistics(p_q: np.ndarray, p_ref: np.ndarray) -> tuple[float, float]:
-    """The two statistics of the agreement rule of ``p_q`` against ``p_ref`` (:func:`agreement`, 95% bands): the
-    mean gap ``prob_mad`` and ``log(width_ratio)``."""
-    st = agreement(p_q, p_ref)
+def rule_statistics(p_q: np.ndarray, p_ref: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The two statistics of the agreement rule of ``p_q`` against ``p_ref`` (:func:`agreement`, bands at
+    ``level``): the mean gap ``prob_mad`` and ``log(width_ratio)``."""
+    st = agreement(p_q, p_ref, level)
     return st["prob_mad"], float(np.log(st["width_ratio"]))
 
 

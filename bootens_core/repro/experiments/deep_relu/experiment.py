@@ -10,7 +10,6 @@ reference; agreement is quantified on an x grid.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -157,22 +156,8 @@ def reference_noise(f_chains: np.ndarray, max_partitions: int = 64) -> dict[str,
     root mean square of their ``log(sd_ratio_median)``. Each half holds half the draws, so these over-state
     the noise of a comparison with the whole reference: a rule judged in these units errs towards "agrees".
     """
-    f_chains = np.asarray(f_chains, np.float64)
-    if f_chains.ndim != 3 or f_chains.shape[0] < 2:
-        raise ValueError(f"need (chains >= 2, draws, n_x) predictive draws, got shape {f_chains.shape}")
-    n_chains, _, n_x = f_chains.shape
-    half = n_chains // 2
-    # Splits that put chain 0 in the first half: each unordered split once (with an odd count, the last
-    # chain of a split's complement is left out so both halves have the same size).
-    splits = [c for c in itertools.combinations(range(n_chains), half) if c[0] == 0][:max_partitions]
-    mads, logs = [], []
-    for a in splits:
-        b = [i for i in range(n_chains) if i not in a][:half]
-        st = agreement(f_chains[list(a)].reshape(-1, n_x), f_chains[b].reshape(-1, n_x))
-        mads.append(st["mean_abs_diff_mean"])
-        logs.append(np.log(st["sd_ratio_median"]))
-    return {"mad": float(np.mean(mads)), "log_sd": float(np.sqrt(np.mean(np.square(logs)))),
-            "partitions": len(splits)}
+    u = noise.halves(f_chains, rule_statistics, max_partitions, "predictive draws")
+    return {"mad": u.mean, "log_sd": u.rms, "partitions": u.repeats}
 
 
 def sample_noise(f_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0,
@@ -189,11 +174,7 @@ def sample_noise(f_chains: np.ndarray, n: int, repeats: int = 256, seed: int = 0
     draws the subsets vary somewhat less than independent ones). With ``each``, also the per-subset values
     (``mad_each``, ``log_each``).
     """
-    f_chains = np.asarray(f_chains, np.float64)
-    if f_chains.ndim != 3:
-        raise ValueError(f"need (chains, draws, n_x) predictive draws, got shape {f_chains.shape}")
-
-    u = noise.unit(f_chains.reshape(-1, f_chains.shape[2]), n, rule_statistics, repeats, seed)
+    u = noise.unit(noise.pooled(f_chains, "predictive draws"), n, rule_statistics, repeats, seed)
     out: dict[str, Any] = {"mad": u.mean, "log_sd": u.rms, "n": u.n, "repeats": u.repeats}
     if each:
         out.update(mad_each=u.first, log_each=u.second)
