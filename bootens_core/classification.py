@@ -42,7 +42,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from . import ensemble
-from .checks import check_finite, model_outputs
+from .checks import check_finite, check_observed, model_outputs
 from .models import Model, Params, float_dtype, prior_logpdf, zeros
 
 __all__ = [
@@ -171,21 +171,33 @@ def train(
     dtype: Any = None,
     on_diverged: str = "raise",
     progress: bool | str = False,
+    observed: Any = None,
 ) -> ClassifierFit:
     """Algorithm 1 on the latent regression of ``labels``: one particle per classifier.
 
     ``model`` must have one output per class. With ``perturb=False`` the particles see the unperturbed
     latent targets and the plain prior (independent prior starts): the *plain* ensemble, whose particles all
-    climb the same log joint. Other arguments as :func:`ensemble.train`.
+    climb the same log joint. ``observed``: ``(n,)`` booleans, ``False`` for padding rows (any valid label),
+    which neither enter the targets' class offsets nor the particles' objectives (:func:`ensemble.train`'s
+    ``observed``); the returned targets are the observed rows'. Other arguments as :func:`ensemble.train`.
     """
-    targets = transform(labels, n_classes, alpha_eps)
+    if observed is None:
+        targets = transform(labels, n_classes, alpha_eps)
+        y, noise_var = targets.y, targets.noise_var
+    else:
+        rows = check_observed(observed, len(np.asarray(labels)))
+        targets = transform(np.asarray(labels)[rows], n_classes, alpha_eps)
+        y = np.zeros((rows.size, targets.y.shape[1]))
+        noise_var = np.ones_like(y)
+        y[rows], noise_var[rows] = targets.y, targets.noise_var
     outputs = model_outputs(model, np.asarray(x))
     c = targets.y.shape[1]
     if outputs != c:
         raise ValueError(f"the model has {outputs or 1} output(s) but the labels have {c} classes: use out_dim={c}")
     res = ensemble.train(
-        key, model, x, targets.y, noise_var=targets.noise_var, n_particles=n_particles, opt=opt, steps=steps,
+        key, model, x, y, noise_var=noise_var, n_particles=n_particles, opt=opt, steps=steps,
         perturb_labels=perturb, perturb_prior=perturb, dtype=dtype, on_diverged=on_diverged, progress=progress,
+        observed=observed,
     )
     return ClassifierFit(res, targets)
 

@@ -77,7 +77,7 @@ NOISE_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 
 
 def padded_rows(n: int) -> int:
-    """The rows a regressor's fit of ``n`` rows trains on: ``n`` rounded up to a multiple of an eighth of the
+    """The rows an estimator's fit of ``n`` rows trains on: ``n`` rounded up to a multiple of an eighth of the
     largest power of two not above it (at least 8), the rest padding that adds nothing to the particles'
     objectives (``ensemble.train``'s ``observed``). The validation fits of ``noise_var="auto"`` and the final
     fit share the padded shape, and so one compiled program; so do the folds of a grid search, whose sizes
@@ -691,9 +691,14 @@ class BootstrapEnsembleClassifier(ClassifierMixin, _Base):
         c = int(self.classes_.size)
         if self.model is not None:
             _checked_model(self.model, x, c, type(self).__name__)
+        # padded as the regressor's rows (padded_rows): folds of nearly equal size share one compiled loop
+        n = x.shape[0]
+        rows = padded_rows(n)
+        x = np.concatenate([x, np.zeros((rows - n, x.shape[1]), dtype)])
+        codes = np.concatenate([codes, np.zeros(rows - n, codes.dtype)])
         fit = classification.train(self._key(), self._model(s, x.shape[1], c), x, codes,
                                    n_particles=s["n_particles"], opt=self._opt(s), steps=s["steps"],
-                                   n_classes=c, alpha_eps=alpha_eps,
+                                   n_classes=c, alpha_eps=alpha_eps, observed=np.arange(rows) < n,
                                    perturb=s["perturb"], on_diverged="report", progress=bool(self.progress))
         self.offset_ = np.asarray(fit.targets.offset, np.float64)
         self._keep(fit.ensemble)

@@ -166,3 +166,22 @@ def test_nuts_on_the_categorical_likelihood_matches_quadrature():
     se = p.std() / np.sqrt(ess)
     assert sum(info["n_divergent"]) == 0
     assert abs(p.mean() - exact) < 4 * se, (p.mean(), exact, se)
+
+
+def test_padding_rows_leave_the_targets_and_the_particles_as_without_them():
+    """``observed``: padded rows (any valid label) enter neither the class offsets nor the objectives; the
+    particles are the unpadded ones up to float64 rounding."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(24, 2))
+    labels = (x[:, 0] + 0.3 * rng.normal(size=24) > 0).astype(int)
+    model = models.mlp(2, (6,), out_dim=2)
+    opt = ensemble.optimizer("lbfgs", 1.0, linesearch="zoom")
+    kw = dict(n_particles=3, opt=opt, steps=15, dtype=jnp.float64)
+    plain = classification.train(jax.random.key(1), model, x, labels, **kw)
+    xp = np.concatenate([x, rng.normal(size=(8, 2))])
+    padded = classification.train(jax.random.key(1), model, xp, np.concatenate([labels, np.ones(8, int)]),
+                                  observed=np.arange(32) < 24, **kw)
+    np.testing.assert_array_equal(padded.targets.offset, plain.targets.offset)
+    np.testing.assert_array_equal(padded.targets.y, plain.targets.y)
+    for a, b in zip(jax.tree.leaves(plain.ensemble.params), jax.tree.leaves(padded.ensemble.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-9)

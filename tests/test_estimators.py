@@ -417,3 +417,21 @@ def test_the_validation_fits_and_the_final_fit_share_one_program():
     assert loops() == before + 1
     est.fit(x[:66], y[:66])
     assert loops() == before + 1 and padded_rows(66) == padded_rows(70)
+
+
+def test_the_classifier_pads_its_rows_too():
+    """The classifier trains on the padded rows as well: a fit of a few rows fewer adds no training loop, and
+    the padding changes nothing but rounding (its particles against a fit of ``classification.train`` on the
+    rows alone)."""
+    from bootens_core.ensemble import drivers
+
+    def loops() -> int:
+        return sum(fn._cache_size() for fn in drivers._RUNNERS._store.values())
+
+    x, y = make_blobs(n_samples=70, centers=2, n_features=3, random_state=1)
+    est = BootstrapEnsembleClassifier(hidden_layer_sizes=(7,), n_particles=3, steps=5, random_state=0)
+    before = loops()
+    est.fit(x, y)
+    assert loops() == before + 1
+    est.fit(x[:66], y[:66])
+    assert loops() == before + 1

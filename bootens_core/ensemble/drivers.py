@@ -249,9 +249,10 @@ def train(
         observed: ``(n,)`` booleans, ``False`` for padding rows: a padding row adds nothing to any particle's
             objective and its label is not perturbed (its variance is ``+inf``, see :mod:`bootens_core.perturb`),
             so the particles are those trained on the observed rows alone, up to float rounding, as long as the
-            padding comes after them (each row's perturbation is drawn by its index). One compiled program
-            then serves every row count up to the padded one (a grid search's folds, a validation split and
-            the final fit). ``None``: every row is observed.
+            padding comes after them (each row's perturbation is drawn by its index, with JAX's default
+            ``jax_threefry_partitionable``). One compiled program then serves every row count up to the
+            padded one (a grid search's folds, a validation split and the final fit). ``None``: every row is
+            observed.
     """
     if on_diverged not in ("raise", "report"):
         raise ValueError(f"on_diverged must be 'raise' or 'report', got {on_diverged!r}")
