@@ -119,6 +119,14 @@ def made_in_float32(provenance: Mapping[str, Any]) -> bool:
     return precision == "highest"
 
 
+def _identity(rec: dict[str, Any]) -> tuple[str, ...]:
+    """What tells one computation of a cell from another: its device and its test RMSE and MNLL as
+    ``cells.csv`` writes them (six significant digits)."""
+    from .experiment import cell_device
+
+    return (cell_device(rec), *(f"{float(rec[k]):.6g}" for k in ("test_rmse", "test_mnll")))
+
+
 def tf32_cells(
     root: str | Path, records: Sequence[str] = _RECORDS
 ) -> dict[str, set[tuple[str, int, str]]]:
@@ -127,7 +135,9 @@ def tf32_cells(
     with JAX's default TF32 products, to be made again in float32.
 
     A row of a record's ``cells.csv`` computed on a GPU counts as float32 only where a committed pack (under
-    ``root/packs``) holds the same cell at the record's settings of its method with a provenance that says so:
+    ``root/packs``) holds that very cell -- the same key and settings of its method, the same device, and the
+    row's test RMSE and MNLL to ``cells.csv``'s six digits, so a pack not folded into the record (a cell made
+    again elsewhere) certifies nothing -- with a provenance that says so:
     ``matmul_precision`` ``"highest"``, or no such field and a commit of :data:`FLOAT32_BEFORE_FIELD`. Any
     other
     GPU row (a pack that says otherwise, or no pack at all) counts as TF32."""
@@ -144,7 +154,7 @@ def tf32_cells(
         for rec in members.values():
             cell = cell_of(rec)
             ok = made_in_float32(rec.get("provenance") or {})
-            packed.setdefault((cell.dataset, cell.split, cell.method), []).append((cfg, ok))
+            packed.setdefault((cell.dataset, cell.split, cell.method), []).append((cfg, ok, _identity(rec)))
     out: dict[str, set[tuple[str, int, str]]] = {}
     for name in records:
         folder = root / name
@@ -158,7 +168,8 @@ def tf32_cells(
             cell = cell_of(rec)
             key = (cell.dataset, cell.split, cell.method)
             mine = settings(theirs, [cell.method])
-            if not any(ok and settings(cfg, [cell.method]) == mine for cfg, ok in packed.get(key, [])):
+            if not any(ok and same == _identity(rec) and settings(cfg, [cell.method]) == mine
+                       for cfg, ok, same in packed.get(key, [])):
                 found.add(key)
         out[name] = found
     return out
